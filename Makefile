@@ -1,0 +1,53 @@
+# leasebucket — run `make help` for the targets.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+MAKEFLAGS += --no-builtin-rules
+
+GO ?= go
+# Tools are pinned and run through `go run`, so nothing needs installing.
+BUF := $(GO) run github.com/bufbuild/buf/cmd/buf@v1.75.0
+GOLANGCI_LINT := $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
+
+.PHONY: help
+help: ## Show the targets.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: redis
+redis: ## Check that redis-server is installed (installs it with apt-get when root).
+	@scripts/ensure-redis.sh
+
+.PHONY: test
+test: redis ## Format check, go vet and the whole suite under the race detector, on real Redis processes.
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 9m ./...
+
+.PHONY: bench
+bench: redis ## Benchmarks; figures in bench/latest.txt.
+	@mkdir -p bench
+	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./... | tee bench/latest.txt
+
+.PHONY: lint
+lint: ## go vet, golangci-lint and buf lint.
+	$(GO) vet ./...
+	$(GOLANGCI_LINT) run ./...
+	$(BUF) lint
+
+.PHONY: proto
+proto: ## Regenerate the protobuf Go code (buf, local pinned plugins).
+	$(BUF) lint
+	$(BUF) generate
+
+.PHONY: proto-check
+proto-check: proto ## Fail if the committed generated code is stale.
+	git diff --exit-code -- proto
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz test for FUZZTIME each (default 30s).
+	@for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $${FUZZTIME:-30s} $$pkg; \
+	  done; \
+	done

@@ -1,0 +1,143 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/leasebucket/leasebucket/internal/bucket"
+)
+
+// Store holds the global buckets. Each request acts atomically on one key; a batch is one round
+// trip to the store where the store allows it. Implementations: coordinator/redisstore (Redis, the
+// production store) and coordinator/memstore (in memory: the embedded default and the simulator's
+// store). Both pass coordinator/storetest and are differential-tested against each other.
+//
+// A store returns an error only when the whole batch failed (cancelled context, store
+// unreachable); a failure of one key (one Redis Cluster node down) is that result's Err.
+type Store interface {
+	Take(ctx context.Context, reqs []TakeRequest) ([]TakeResult, error)
+	Return(ctx context.Context, reqs []ReturnRequest) ([]ReturnResult, error)
+}
+
+// OpID makes a store operation idempotent: a request carrying the same Agent and Seq as the
+// last one that agent made on the same key is answered from a record kept inside the key, without
+// charging or crediting again. Seq must grow with every new operation of an agent (retries reuse
+// it); a Seq below the last recorded one is Stale and does nothing. Records live in the bucket's
+// own key, one per agent and kind, and records older than RecordKeep are swept once a key holds
+// more than MaxRecords of them, so a key's bookkeeping is bounded by the agents that used it
+// recently. The zero OpID is not idempotent.
+type OpID struct {
+	Agent string
+	Seq   uint64
+}
+
+const (
+	// RecordKeep is how long an idempotency record is certainly kept: far longer than any retry
+	// of a timed-out call (seconds), short enough that records of dead agents go away.
+	RecordKeep bucket.Millis = 120_000
+
+	// MaxRecords is the number of agent records a key holds before a sweep removes those older than
+	// RecordKeep. The sweep walks only the key's own fields, so it is bounded by this number plus
+	// the agents active within RecordKeep.
+	MaxRecords = 128
+
+	// ExpiryMargin is added to a bucket's time to fill to form its key's expiry: long enough that
+	// idempotency records outlive any retry, after which the key is a full bucket and needs no state.
+	ExpiryMargin = RecordKeep
+
+	// MaxAgentID bounds the agent identifier stored in each record.
+	MaxAgentID = 128
+
+	// MaxKey bounds a bucket key (policy keys are far shorter; see policy.MaxKeyLen).
+	MaxKey = 1024
+)
+
+// TakeRequest asks key for up to Want microtokens, granting only if at least Min are available
+// (State.Take). Limit is the bucket's shape, resolved by the coordinator from its policy.
+// Share (permille, 1..1000; 0 means 1000) caps the grant at that share of the tokens available,
+// never below Min (State.TakeShare).
+type TakeRequest struct {
+	Key   string
+	Limit bucket.Limit
+	Want  bucket.Micro
+	Min   bucket.Micro
+	Share int64
+	Op    OpID
+}
+
+// TakeResult is the answer to one TakeRequest.
+type TakeResult struct {
+	bucket.Result
+	// Now is the key's clock after the operation (Redis TIME, never earlier than the key's last
+	// refill): the grant time an agent echoes when it returns the lease.
+	Now      bucket.Millis
+	Replayed bool  // answered from the idempotency record: nothing was charged
+	Stale    bool  // Seq older than the agent's last operation on this key: nothing was done
+	Err      error // this key failed; the others may have succeeded
+}
+
+// ReturnRequest credits back Amount unspent microtokens of a lease granted at GrantedAt
+// (State.Return).
+type ReturnRequest struct {
+	Key       string
+	Limit     bucket.Limit
+	Amount    bucket.Micro
+	GrantedAt bucket.Millis
+	Op        OpID
+}
+
+// ReturnResult is the answer to one ReturnRequest; Granted is the amount credited.
+type ReturnResult struct {
+	bucket.Result
+	Now      bucket.Millis
+	Replayed bool
+	Stale    bool
+	Err      error
+}
+
+// ErrInvalidRequest is wrapped by Validate errors.
+var ErrInvalidRequest = errors.New("coordinator: invalid store request")
+
+// Validate checks what the arithmetic assumes; stores call it before touching a key.
+func (r *TakeRequest) Validate() error {
+	switch {
+	case r.Key == "" || len(r.Key) > MaxKey:
+		return fmt.Errorf("%w: key length %d not in 1..%d", ErrInvalidRequest, len(r.Key), MaxKey)
+	case r.Limit.Capacity() < 1:
+		return fmt.Errorf("%w: key %q has no limit", ErrInvalidRequest, r.Key)
+	case r.Min < 1 || r.Want < r.Min:
+		return fmt.Errorf("%w: key %q wants %d µ with minimum %d µ (need 1 <= min <= want)",
+			ErrInvalidRequest, r.Key, r.Want, r.Min)
+	case r.Want > bucket.MaxExact/2:
+		return fmt.Errorf("%w: key %q wants %d µ, above 2^52", ErrInvalidRequest, r.Key, r.Want)
+	case r.Share < 0 || r.Share > bucket.WholeShare:
+		return fmt.Errorf("%w: key %q share %d‰ not in 0..1000", ErrInvalidRequest, r.Key, r.Share)
+	}
+	return r.Op.validate()
+}
+
+// Validate checks what the arithmetic assumes; stores call it before touching a key.
+func (r *ReturnRequest) Validate() error {
+	switch {
+	case r.Key == "" || len(r.Key) > MaxKey:
+		return fmt.Errorf("%w: key length %d not in 1..%d", ErrInvalidRequest, len(r.Key), MaxKey)
+	case r.Limit.Capacity() < 1:
+		return fmt.Errorf("%w: key %q has no limit", ErrInvalidRequest, r.Key)
+	case r.Amount < 0 || r.Amount > bucket.MaxExact/2:
+		return fmt.Errorf("%w: key %q returns %d µ", ErrInvalidRequest, r.Key, r.Amount)
+	case r.GrantedAt < 0 || r.GrantedAt > bucket.MaxExact/2:
+		return fmt.Errorf("%w: key %q returns a lease granted at %d ms", ErrInvalidRequest, r.Key, r.GrantedAt)
+	}
+	return r.Op.validate()
+}
+
+func (o OpID) validate() error {
+	switch {
+	case len(o.Agent) > MaxAgentID:
+		return fmt.Errorf("%w: agent id longer than %d bytes", ErrInvalidRequest, MaxAgentID)
+	case o.Agent != "" && (o.Seq == 0 || o.Seq > bucket.MaxExact):
+		return fmt.Errorf("%w: agent %q sequence %d not in 1..2^53-1", ErrInvalidRequest, o.Agent, o.Seq)
+	}
+	return nil
+}

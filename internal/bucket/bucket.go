@@ -1,0 +1,260 @@
+// Package bucket is the token-bucket arithmetic of leasebucket, in integer microtokens.
+//
+// One global bucket per identity holds Tokens (at most Capacity) and refills continuously at
+// num/den microtokens per millisecond. The same arithmetic runs in three places: the Redis Lua
+// script (as IEEE doubles), the in-memory store and the agent's local emergency buckets. It is
+// therefore written so that every intermediate value is an integer below 2^53, where a double is
+// exact: a Limit that could break that bound is rejected by NewLimit.
+//
+// Time is always a parameter (milliseconds on the store's clock); nothing here reads a clock,
+// allocates or locks. State is not safe for concurrent use; callers synchronize.
+package bucket
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Micro is an amount of microtokens: 1 token = PerToken microtokens.
+type Micro int64
+
+// Millis is a time or a duration in milliseconds.
+type Millis int64
+
+const (
+	// PerToken is the number of microtokens in one token. Policies speak in tokens; buckets count
+	// microtokens so that slow rates (one token a day) refill smoothly with integer arithmetic.
+	PerToken Micro = 1_000_000
+
+	// MaxExact is the largest integer an IEEE double represents exactly (2^53 - 1). Redis Lua numbers
+	// are doubles, so every product and sum the script forms must stay at or below it.
+	MaxExact = 1<<53 - 1
+
+	// MaxFill bounds the time an empty bucket takes to fill (2^45 ms, about 1115 years). It keeps
+	// now + fill time below 2^53 for any wall-clock millisecond of this millennium, and rejects
+	// policies that are a typo rather than a limit.
+	MaxFill Millis = 1 << 45
+
+	// Never is the RetryAfter of a request that no amount of waiting can satisfy: its minimum is
+	// above the capacity, or the bucket does not refill.
+	Never Millis = -1
+)
+
+// ErrUnrepresentable is wrapped by NewLimit when a limit cannot be computed exactly.
+var ErrUnrepresentable = errors.New("bucket: limit cannot be represented exactly")
+
+// Limit is a validated, immutable bucket shape: Capacity microtokens, refilled at num/den
+// microtokens per millisecond, the fraction reduced by its gcd.
+//
+// Invariants (checked by NewLimit): 1 <= capacity; 2*capacity + num <= MaxExact;
+// num*den <= MaxExact; fill <= MaxFill. Under them every intermediate of Refill, Take and Return
+// stays within MaxExact (the bound is noted beside each multiplication).
+type Limit struct {
+	capacity Micro
+	num, den int64  // refill rate: num microtokens per den milliseconds; num == 0 never refills
+	fill     Millis // time to fill from empty, rounded up; 0 when num == 0 (never)
+}
+
+// NewLimit returns the limit of a bucket holding at most capacity microtokens and refilling amount
+// microtokens every period milliseconds. amount == 0 is a bucket that never refills (a one-off
+// allowance); then period is ignored.
+func NewLimit(capacity, amount Micro, period Millis) (Limit, error) {
+	switch {
+	case capacity < 1:
+		return Limit{}, fmt.Errorf("bucket: capacity %d µ must be at least 1", capacity)
+	case amount < 0:
+		return Limit{}, fmt.Errorf("bucket: refill amount %d µ must not be negative", amount)
+	case amount > 0 && period < 1:
+		return Limit{}, fmt.Errorf("bucket: refill period %d ms must be at least 1 ms", period)
+	case capacity > MaxExact/2:
+		return Limit{}, fmt.Errorf("%w: capacity %d µ exceeds 2^52 µ", ErrUnrepresentable, capacity)
+	}
+	l := Limit{capacity: capacity, num: 0, den: 1}
+	if amount == 0 {
+		return l, nil
+	}
+	g := gcd(int64(amount), int64(period))
+	l.num, l.den = int64(amount)/g, int64(period)/g
+	if l.num > MaxExact/l.den {
+		return Limit{}, fmt.Errorf("%w: rate %d µ per %d ms reduces to %d/%d, whose product exceeds 2^53",
+			ErrUnrepresentable, amount, period, l.num, l.den)
+	}
+	if 2*int64(capacity) > MaxExact-l.num {
+		return Limit{}, fmt.Errorf("%w: capacity %d µ plus a %d µ refill step exceeds 2^53",
+			ErrUnrepresentable, capacity, l.num)
+	}
+	// fillTime's quotient is at most capacity*den/num; bound it before forming it.
+	if int64(capacity)/l.num > int64(MaxFill)/l.den {
+		return Limit{}, fmt.Errorf("%w: filling %d µ at %d µ per %d ms takes longer than 2^45 ms",
+			ErrUnrepresentable, capacity, l.num, l.den)
+	}
+	l.fill = l.timeFor(capacity)
+	if l.fill > MaxFill {
+		return Limit{}, fmt.Errorf("%w: filling %d µ at %d µ per %d ms takes longer than 2^45 ms",
+			ErrUnrepresentable, capacity, l.num, l.den)
+	}
+	return l, nil
+}
+
+// Capacity is the most the bucket holds, in microtokens.
+func (l Limit) Capacity() Micro { return l.capacity }
+
+// Rate is the reduced refill rate: num microtokens every den milliseconds.
+func (l Limit) Rate() (num, den int64) { return l.num, l.den }
+
+// FillTime is the time an empty bucket takes to fill, rounded up; 0 if it never refills.
+func (l Limit) FillTime() Millis { return l.fill }
+
+// Refills reports whether the bucket refills at all.
+func (l Limit) Refills() bool { return l.num > 0 }
+
+// String shows the limit in the units of the arithmetic.
+func (l Limit) String() string {
+	return fmt.Sprintf("capacity=%dµ rate=%dµ/%dms", l.capacity, l.num, l.den)
+}
+
+// added is floor(elapsed * num / den) for 0 <= elapsed < fill: the microtokens refilled in elapsed.
+// Split as q*num + r*num/den so that no product exceeds 2^53: q*num <= elapsed*num/den <
+// capacity + num, and r*num < den*num <= MaxExact.
+func (l Limit) added(elapsed Millis) Micro {
+	q, r := int64(elapsed)/l.den, int64(elapsed)%l.den
+	return Micro(q*l.num + r*l.num/l.den)
+}
+
+// timeFor is ceil(amount * den / num) for 0 <= amount <= 2*capacity: the milliseconds the bucket
+// needs to refill amount. Split as q*den + ceil(r*den/num): r*den < num*den <= MaxExact, and
+// q*den <= amount*den/num, which NewLimit bounded by MaxFill for amount <= capacity.
+func (l Limit) timeFor(amount Micro) Millis {
+	q, r := int64(amount)/l.num, int64(amount)%l.num
+	return Millis(q*l.den + ceilDiv(r*l.den, l.num))
+}
+
+// State is one bucket: Tokens microtokens as of Last, the store's clock in milliseconds at the
+// last refill. A missing state is a full bucket (Full), so an idle key can expire.
+//
+// Invariant: 0 <= Tokens <= Capacity. Last never moves backwards: a clock that jumps back credits
+// nothing and leaves Last where it was, so no interval is credited twice.
+type State struct {
+	Tokens Micro
+	Last   Millis
+}
+
+// Full is the state of a bucket nobody has used, or whose key expired: full as of now.
+func Full(l Limit, now Millis) State { return State{Tokens: l.capacity, Last: now} }
+
+// Refill credits the time since Last, capped at capacity, and moves Last to now if now is later.
+// Flooring loses less than 1 µ per call; nothing else is lost or created.
+func (s *State) Refill(l Limit, now Millis) {
+	elapsed := now - s.Last
+	if elapsed <= 0 {
+		return // the clock went backwards (or did not move): credit nothing, keep Last
+	}
+	s.Last = now
+	switch {
+	case s.Tokens >= l.capacity || l.num == 0:
+	case elapsed >= l.fill: // clamp elapsed to the time to fill before multiplying
+		s.Tokens = l.capacity
+	default:
+		s.Tokens = min(l.capacity, s.Tokens+l.added(elapsed)) // <= 2*capacity + num <= MaxExact
+	}
+}
+
+// Result is the outcome of Take or Return.
+type Result struct {
+	Granted    Micro  // microtokens taken by Take, or credited by Return
+	Remaining  Micro  // microtokens left in the bucket afterwards
+	RetryAfter Millis // Take only: 0 if granted, else when min becomes available, or Never
+}
+
+// Take refills the bucket up to now, then grants min(want, Tokens) if at least least microtokens
+// are available; otherwise it grants nothing and says when least will be available. One call
+// serves a single request (want == least == cost) and a lease (least = one request's cost).
+// Preconditions: 1 <= least <= want.
+func (s *State) Take(l Limit, now Millis, want, least Micro) Result {
+	return s.TakeShare(l, now, want, least, WholeShare)
+}
+
+// WholeShare is the share (in permille) that does not cap a grant.
+const WholeShare = 1000
+
+// TakeShare is Take with the grant also capped at share‰ of the tokens available, but never below
+// least: one lease cannot drain a bucket that other agents need, and when the bucket runs low the
+// grant shrinks to least (one request's cost). Preconditions: 1 <= least <= want; 1 <= share <= 1000.
+func (s *State) TakeShare(l Limit, now Millis, want, least Micro, share int64) Result {
+	s.Refill(l, now)
+	if share < WholeShare {
+		// tokens*share split as in added: tokens/1000*share + (tokens%1000)*share/1000, each < 2^53.
+		part := Micro(int64(s.Tokens)/WholeShare*share + int64(s.Tokens)%WholeShare*share/WholeShare)
+		want = min(want, max(least, part))
+	}
+	switch {
+	case s.Tokens >= least:
+		g := min(want, s.Tokens)
+		s.Tokens -= g
+		return Result{Granted: g, Remaining: s.Tokens}
+	case least > l.capacity || l.num == 0:
+		return Result{Remaining: s.Tokens, RetryAfter: Never}
+	default:
+		return Result{Remaining: s.Tokens, RetryAfter: l.timeFor(least - s.Tokens)}
+	}
+}
+
+// Return credits back amount unspent microtokens of a lease granted at grantedAt (the store's clock
+// when the lease was taken), and reports how much was credited.
+//
+// The credit is amount less the refill the bucket could have received since grantedAt (rounded
+// up), capped at capacity: a returned token counts as if it had sat in the bucket all along, where
+// the cap would have stopped the refill. Without that decay, tokens held in leases while the bucket
+// refilled could be returned into a full bucket again and again, and the admission bound
+// C + r·(w + τ) would not hold (docs/leases.md proves it does with the decay).
+// No lease exceeds the capacity, so a larger amount is treated as the capacity.
+// Preconditions: amount >= 0.
+func (s *State) Return(l Limit, now Millis, amount Micro, grantedAt Millis) Result {
+	s.Refill(l, now)
+	credit := min(amount, l.capacity)
+	if age := s.Last - grantedAt; age > 0 && l.num > 0 {
+		if age >= l.fill {
+			credit = 0 // a full bucket's worth of refill has passed: nothing left to credit
+		} else {
+			credit -= l.timeDecay(age)
+		}
+	}
+	credit = max(0, min(credit, l.capacity-s.Tokens))
+	s.Tokens += credit
+	return Result{Granted: credit, Remaining: s.Tokens}
+}
+
+// timeDecay is ceil(age * num / den) for 0 < age < fill: the refill in age, rounded up.
+func (l Limit) timeDecay(age Millis) Micro {
+	q, r := int64(age)/l.den, int64(age)%l.den
+	return Micro(q*l.num + ceilDiv(r*l.num, l.den)) // r*num < den*num <= MaxExact
+}
+
+// TimeToFull is how long the bucket, as of Last, takes to fill; ok is false if it never will
+// (it is not full and does not refill).
+func (s State) TimeToFull(l Limit) (d Millis, ok bool) {
+	switch {
+	case s.Tokens >= l.capacity:
+		return 0, true
+	case l.num == 0:
+		return 0, false
+	default:
+		return l.timeFor(l.capacity - s.Tokens), true
+	}
+}
+
+// ceilDiv is ceil(a/b) for a >= 0, b > 0, without forming a+b-1 (which could pass 2^53).
+func ceilDiv(a, b int64) int64 {
+	q := a / b
+	if q*b != a {
+		q++
+	}
+	return q
+}
+
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
