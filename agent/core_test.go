@@ -1,0 +1,246 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/clock"
+	"github.com/leasebucket/leasebucket/policy"
+	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
+)
+
+const testPolicy = `
+version: "v1"
+rules:
+  - name: api
+    routes: ["/api/*"]
+    operations: [read]
+    limit: 600000/minute
+    burst: 100000
+default:
+  limit: 60/minute
+  burst: 10
+`
+
+func testSet(t testing.TB) *policy.Set {
+	t.Helper()
+	set, err := policy.Parse("test.yaml", []byte(testPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set
+}
+
+// grantAll answers every queued refill with a lease of size each.
+func grantAll(t testing.TB, l *Limiter, now clock.Nanos, size bucket.Micro) {
+	t.Helper()
+	for r := l.NextAcquire(now); r != nil; r = l.NextAcquire(now) {
+		resp := &coordinatorv1.AcquireResponse{}
+		for range r.Req.Items {
+			resp.Results = append(resp.Results, &coordinatorv1.AcquireResult{
+				Status: coordinatorv1.Status_STATUS_OK, GrantedMicro: int64(size), TtlMs: 60_000, GrantedAtMs: 1,
+			})
+		}
+		if err := l.ApplyAcquire(now, r, resp, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestConcurrentSpendAndRetire: goroutines spend one lease while another retires it; every token
+// is spent or returned exactly once and none is spent after the lease is retired.
+func TestConcurrentSpendAndRetire(t *testing.T) {
+	for round := range 20 {
+		l := New(Config{AgentID: "a"}, testSet(t))
+		q := Query{Tenant: "acme", Path: "/api/x", Operation: "GET"}
+		if v, err := l.Check(0, q); err != nil || v.Outcome != Wait {
+			t.Fatalf("first Check = %v, %v; want wait", v.Outcome, err)
+		}
+		const granted = 5000 * bucket.PerToken
+		grantAll(t, l, 0, granted)
+		var allowed atomic.Int64
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range 8 {
+			wg.Go(func() {
+				<-start
+				for range 1000 {
+					v, err := l.Check(1, q)
+					if errors.Is(err, ErrClosed) {
+						return
+					}
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if v.Outcome == Allow {
+						allowed.Add(1)
+					}
+				}
+			})
+		}
+		close(start)
+		if round%2 == 1 {
+			runtime.Gosched()
+		}
+		l.Close()
+		wg.Wait()
+		var returned int64
+		for r := l.NextReturn(); r != nil; r = l.NextReturn() {
+			for _, it := range r.Req.Items {
+				returned += it.UnspentMicro
+			}
+		}
+		if got := allowed.Load()*int64(bucket.PerToken) + returned; got != int64(granted) {
+			t.Fatalf("round %d: spent %d tokens + returned %d µ = %d µ, want %d µ granted", round, allowed.Load(), returned, got, granted)
+		}
+	}
+}
+
+// TestEvictionBound: unbounded key churn keeps the table within MaxKeys, and every evicted key's
+// lease is returned.
+func TestEvictionBound(t *testing.T) {
+	const maxKeys = 1024
+	l := New(Config{AgentID: "a", MaxKeys: maxKeys}, testSet(t))
+	for i := range 50_000 {
+		q := Query{Tenant: fmt.Sprintf("tenant-%d", i), Path: "/api/x", Operation: "GET"}
+		if _, err := l.Check(0, q); err != nil {
+			t.Fatal(err)
+		}
+		grantAll(t, l, 0, 10*bucket.PerToken)
+		if v, _ := l.Check(0, q); v.Outcome != Allow {
+			t.Fatalf("check after grant = %v", v.Outcome)
+		}
+	}
+	perShard := (maxKeys + (1 << shardsLog2) - 1) >> shardsLog2
+	if n := l.Keys(); n > perShard<<shardsLog2 {
+		t.Fatalf("Keys() = %d after churn, want <= %d", n, perShard<<shardsLog2)
+	}
+	evicted := l.Stats().Evicted.Load()
+	var returned int
+	for r := l.NextReturn(); r != nil; r = l.NextReturn() {
+		for _, it := range r.Req.Items {
+			if it.UnspentMicro != 9*int64(bucket.PerToken) {
+				t.Fatalf("returned %d µ, want the 9 tokens left of an evicted lease", it.UnspentMicro)
+			}
+			returned++
+		}
+	}
+	if uint64(returned) != evicted || evicted < 50_000-maxKeys {
+		t.Fatalf("evicted %d keys, returned %d leases; want >= %d, equal", evicted, returned, 50_000-maxKeys)
+	}
+}
+
+// TestRecentlyUsedSurvivesEviction: a key checked between insertions keeps its lease (the second
+// chance), while untouched keys are evicted.
+func TestRecentlyUsedSurvivesEviction(t *testing.T) {
+	l := New(Config{AgentID: "a", MaxKeys: 512}, testSet(t)) // eight keys per shard
+	hot := Query{Tenant: "hot", Path: "/api/x", Operation: "GET"}
+	l.Check(0, hot)
+	grantAll(t, l, 0, 1_000_000*bucket.PerToken)
+	for i := range 5000 {
+		if v, _ := l.Check(0, hot); v.Outcome != Allow {
+			t.Fatalf("hot key lost its lease after %d other keys: %v", i, v.Outcome)
+		}
+		l.Check(0, Query{Tenant: fmt.Sprintf("cold-%d", i), Path: "/api/x", Operation: "GET"})
+	}
+}
+
+func BenchmarkCheck(b *testing.B) {
+	l := New(Config{AgentID: "a"}, testSet(b))
+	q := Query{Tenant: "acme", Path: "/api/orders", Operation: "GET"}
+	l.Check(0, q)
+	grantAll(b, l, 0, bucket.MaxExact/4)
+	b.ReportAllocs()
+	for b.Loop() {
+		if v, _ := l.Check(1, q); v.Outcome != Allow {
+			b.Fatal(v.Outcome)
+		}
+	}
+}
+
+// BenchmarkSpend is the lease itself: a live entry's compare-and-swap decrement.
+func BenchmarkSpend(b *testing.B) {
+	l := New(Config{AgentID: "a"}, testSet(b))
+	q := Query{Tenant: "acme", Path: "/api/orders", Operation: "GET"}
+	l.Check(0, q)
+	grantAll(b, l, 0, bucket.MaxExact/4)
+	v := l.view.Load()
+	r, _ := v.set.Match(q.Path, q.Operation)
+	b.ReportAllocs()
+	for b.Loop() {
+		e := v.table.get(v.table.hash(r.ID, q.Tenant), r.ID, q.Tenant)
+		if _, ok := e.spend(1, int64(bucket.PerToken)); !ok {
+			b.Fatal("spend failed")
+		}
+	}
+}
+
+var parallelKey atomic.Int64
+
+// BenchmarkCheckParallel: every goroutine its own key, or all on one hot key.
+func BenchmarkCheckParallel(b *testing.B) {
+	for _, hot := range []bool{false, true} {
+		name := "distinct-keys"
+		if hot {
+			name = "hot-key"
+		}
+		b.Run(name, func(b *testing.B) {
+			l := New(Config{AgentID: "a"}, testSet(b))
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				tenant := "hot"
+				if !hot {
+					tenant = fmt.Sprintf("t%d", parallelKey.Add(1))
+				}
+				q := Query{Tenant: tenant, Path: "/api/orders", Operation: "GET"}
+				l.Check(0, q)
+				grantAll(b, l, 0, bucket.MaxExact/4)
+				for pb.Next() {
+					if v, _ := l.Check(1, q); v.Outcome != Allow {
+						b.Error(v.Outcome)
+						return
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkMemoryPerKey reports the heap held per live key of the lease table, with a million
+// keys each holding a lease.
+func BenchmarkMemoryPerKey(b *testing.B) {
+	const keys = 1 << 20
+	for b.Loop() {
+		tenants := make([]string, keys)
+		for i := range tenants {
+			tenants[i] = fmt.Sprintf("tenant-%07d", i)
+		}
+		set := testSet(b)
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		l := New(Config{AgentID: "a", MaxKeys: keys}, set)
+		for i, tenant := range tenants {
+			l.Check(0, Query{Tenant: tenant, Path: "/api/x", Operation: "GET"})
+			if i%MaxBatch == MaxBatch-1 {
+				grantAll(b, l, 0, 100*bucket.PerToken)
+			}
+		}
+		grantAll(b, l, 0, 100*bucket.PerToken)
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/keys, "bytes/key")
+		b.ReportMetric(float64(l.Keys()), "keys")
+		runtime.KeepAlive(l)
+		runtime.KeepAlive(tenants)
+	}
+}
+
+var _ = time.Second

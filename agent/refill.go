@@ -1,0 +1,367 @@
+package agent
+
+import (
+	"errors"
+	"time"
+
+	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/clock"
+	"github.com/leasebucket/leasebucket/internal/lease"
+	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
+)
+
+const (
+	// MaxBatch bounds the keys of one Acquire or Return: a batch is one pipelined Redis round
+	// trip, and a few hundred keys keep it well under a millisecond of Redis time.
+	MaxBatch = 256
+
+	// failureBackoff is how long a key stays in its failure mode after a refill failed, doubling
+	// with consecutive failures up to maxFailureBackoff: checks answer locally instead of
+	// piling onto an unreachable coordinator, and the first check after it tries again.
+	failureBackoff    = 100 * time.Millisecond
+	maxFailureBackoff = 2 * time.Second
+
+	// neverRetry is the deny cache of a request that no wait can satisfy (min above capacity);
+	// Check rejects such costs before they reach a coordinator, so this is a safety net.
+	neverRetry = time.Minute
+)
+
+// Refill is one Acquire in flight: the request and the entries its items refill.
+type Refill struct {
+	Req     *coordinatorv1.AcquireRequest
+	entries []*entry
+	sentAt  clock.Nanos
+}
+
+// NextAcquire builds the next Acquire from the queued refills (at most MaxBatch keys), or returns
+// nil if none is queued. now is the moment the request is sent: leases are measured from it.
+func (l *Limiter) NextAcquire(now clock.Nanos) *Refill {
+	v := l.view.Load()
+	l.qmu.Lock()
+	n := min(len(l.queue), MaxBatch)
+	batch := make([]*entry, n)
+	copy(batch, l.queue)
+	l.queue = append(l.queue[:0], l.queue[n:]...)
+	l.qmu.Unlock()
+	if n == 0 {
+		return nil
+	}
+	r := &Refill{
+		Req:     &coordinatorv1.AcquireRequest{AgentId: l.cfg.AgentID, PolicyVersion: v.set.Version()},
+		entries: batch[:0],
+		sentAt:  now,
+	}
+	for _, e := range batch {
+		if e.view != v || e.dead.Load() {
+			// A stale view's entry: release its waiters, who will check against the current view.
+			e.mu.Lock()
+			e.refilling.Store(false)
+			e.wakeLocked()
+			e.mu.Unlock()
+			continue
+		}
+		e.mu.Lock()
+		min := max(e.wantMin, bucket.Micro(v.set.Cost(v.set.RouteByID(e.route)))*bucket.PerToken)
+		e.wantMin = 0
+		want := lease.Want(l.sampleDemandLocked(now, e), e.ttl(), min, e.lim.Bucket.Capacity())
+		if e.scarce {
+			want = max(min, want/2)
+		}
+		demand := e.demand
+		e.mu.Unlock()
+		r.entries = append(r.entries, e)
+		r.Req.Items = append(r.Req.Items, &coordinatorv1.AcquireItem{
+			Bucket:               l.ref(v, e),
+			WantMicro:            int64(want),
+			MinMicro:             int64(min),
+			DemandMicroPerSecond: int64(demand),
+		})
+	}
+	if len(r.entries) == 0 {
+		return nil
+	}
+	r.Req.Seq = l.seq.Add(1)
+	l.stats.Acquires.Add(1)
+	return r
+}
+
+// sampleDemandLocked updates the entry's demand estimate (µ per second) from what it consumed
+// since the last sample: the level then, plus what was installed, minus what was retired, minus
+// the level now. Samples shorter than minSample count as minSample, so a burst of a few requests
+// in a millisecond does not read as a rate of thousands per second.
+func (l *Limiter) sampleDemandLocked(now clock.Nanos, e *entry) bucket.Micro {
+	level := bucket.Micro(e.tokens.Load()) + e.next.tokens
+	if e.sampled {
+		used := max(0, e.acct-level)
+		rate := used * bucket.Micro(time.Second) / bucket.Micro(max(now-e.sampledAt, minSample))
+		if e.demand == 0 {
+			e.demand = rate
+		} else {
+			e.demand = (e.demand + rate) / 2
+		}
+	}
+	e.acct, e.sampledAt, e.sampled = level, now, true
+	return e.demand
+}
+
+// minSample is the shortest window a demand sample is measured over.
+const minSample = clock.Nanos(100 * time.Millisecond)
+
+func (l *Limiter) ref(v *view, e *entry) *coordinatorv1.BucketRef {
+	r := v.set.RouteByID(e.route)
+	return &coordinatorv1.BucketRef{
+		Rule:      e.rule.Name,
+		Route:     r.Template(),
+		Operation: r.Operation(),
+		Tenant:    e.tenant,
+		Region:    e.lim.Region,
+	}
+}
+
+// ErrUnknownPolicy is reported through ApplyAcquire when the coordinator does not know this
+// agent's policy version or one of its routes: the shell reloads the policy.
+var ErrUnknownPolicy = errors.New("agent: coordinator does not know this policy")
+
+// ApplyAcquire installs the answer to r, received at now; err is the call's error. It wakes the
+// checks waiting for the refilled keys and reports ErrUnknownPolicy when the policy must be
+// reloaded.
+func (l *Limiter) ApplyAcquire(now clock.Nanos, r *Refill, resp *coordinatorv1.AcquireResponse, err error) error {
+	if err == nil && len(resp.GetResults()) != len(r.entries) {
+		err = errors.New("agent: acquire answered a different number of items")
+	}
+	var mismatch error
+	if err != nil {
+		l.stats.AcquireErrors.Add(1)
+		if isUnknownVersion(err) {
+			l.stats.PolicyMismatch.Add(1)
+			mismatch = ErrUnknownPolicy
+		}
+		for _, e := range r.entries {
+			e.mu.Lock()
+			l.failLocked(now, e)
+			e.mu.Unlock()
+		}
+		return mismatch
+	}
+	for i, e := range r.entries {
+		res := resp.Results[i]
+		e.mu.Lock()
+		switch res.Status {
+		case coordinatorv1.Status_STATUS_OK:
+			l.grantLocked(now, r, e, res)
+		case coordinatorv1.Status_STATUS_DENIED:
+			l.stats.Denials.Add(1)
+			retry := time.Duration(res.RetryAfterMs) * time.Millisecond
+			if res.RetryAfterMs < 0 {
+				retry = neverRetry
+			}
+			e.deniedUntil.Store(int64(now) + int64(retry))
+			e.remaining.Store(res.RemainingMicro)
+			if e.fail != nil {
+				e.fail.count = 0
+			}
+		case coordinatorv1.Status_STATUS_UNKNOWN_ROUTE:
+			l.stats.PolicyMismatch.Add(1)
+			mismatch = ErrUnknownPolicy
+			l.failLocked(now, e)
+		case coordinatorv1.Status_STATUS_STALE:
+			// An older sequence overtook nothing: ask again at the next check.
+		default: // STATUS_STORE_UNAVAILABLE, STATUS_INVALID, unknown
+			l.stats.ItemFailures.Add(1)
+			l.failLocked(now, e)
+		}
+		e.refilling.Store(false)
+		e.wakeLocked()
+		e.mu.Unlock()
+	}
+	return mismatch
+}
+
+// grantLocked installs a granted lease: as the current one if that cannot serve, else as next.
+func (l *Limiter) grantLocked(now clock.Nanos, r *Refill, e *entry, res *coordinatorv1.AcquireResult) {
+	g := bucket.Micro(res.GrantedMicro)
+	if e.fail != nil {
+		e.fail.count, e.fail.until = 0, 0
+	}
+	e.deniedUntil.Store(0)
+	e.scarce = res.Scarce
+	e.remaining.Store(res.RemainingMicro)
+	if g <= 0 {
+		return
+	}
+	l.stats.Grants.Add(1)
+	l.stats.GrantedMicro.Add(uint64(g))
+	e.acct += g
+	n := grant{
+		tokens:    g,
+		expires:   r.sentAt + clock.Nanos(res.TtlMs)*clock.Nanos(time.Millisecond) - l.cfg.Guard,
+		grantedAt: bucket.Millis(res.GrantedAtMs),
+	}
+	if e.dead.Load() || now >= n.expires {
+		// Evicted, its view closed, or the answer came too late to use: hand it straight back.
+		e.acct -= g
+		l.queueReturn(e, g, n.grantedAt)
+		return
+	}
+	if e.usableLocked(now, 1) {
+		if e.next.tokens > 0 {
+			l.queueReturn(e, e.next.tokens, e.next.grantedAt)
+			e.acct -= e.next.tokens
+		}
+		e.next = n
+		return
+	}
+	l.retireLocked(e)
+	e.installLocked(n)
+}
+
+// failLocked puts e in its failure mode for a backoff that doubles with consecutive failures.
+func (l *Limiter) failLocked(now clock.Nanos, e *entry) {
+	if e.fail == nil {
+		e.fail = &fails{}
+	}
+	d := failureBackoff << min(e.fail.count, 8)
+	e.fail.count++
+	e.fail.until = now + clock.Of(min(d, maxFailureBackoff))
+	e.refilling.Store(false)
+	e.wakeLocked()
+}
+
+func isUnknownVersion(err error) bool {
+	return coordinatorv1.Reason(err) == coordinatorv1.ReasonUnknownPolicyVersion
+}
+
+// retireLocked ends e's current lease and queues its unspent tokens for return.
+func (l *Limiter) retireLocked(e *entry) {
+	if unspent, grantedAt := e.retireLocked(); unspent > 0 {
+		l.queueReturn(e, unspent, grantedAt)
+	}
+}
+
+// retireEntry retires everything e holds: its lease, its prefetched lease, its waiters.
+func (l *Limiter) retireEntry(e *entry, dead bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if dead {
+		e.dead.Store(true)
+	}
+	l.retireLocked(e)
+	if e.next.tokens > 0 {
+		l.queueReturn(e, e.next.tokens, e.next.grantedAt)
+		e.next = grant{}
+	}
+	e.wakeLocked()
+}
+
+func (l *Limiter) evicted(e *entry) {
+	l.stats.Evicted.Add(1)
+	l.retireEntry(e, true)
+}
+
+// returnItem is a retired lease on its way back to a coordinator.
+type returnItem struct {
+	version   string
+	ref       *coordinatorv1.BucketRef
+	unspent   bucket.Micro
+	grantedAt bucket.Millis
+}
+
+func (l *Limiter) queueReturn(e *entry, unspent bucket.Micro, grantedAt bucket.Millis) {
+	item := returnItem{version: e.view.set.Version(), ref: l.ref(e.view, e), unspent: unspent, grantedAt: grantedAt}
+	l.qmu.Lock()
+	l.returns = append(l.returns, item)
+	l.qmu.Unlock()
+	l.cfg.Notify()
+}
+
+// Return is one Return call in flight.
+type Return struct {
+	Req *coordinatorv1.ReturnRequest
+}
+
+// NextReturn builds the next Return from retired leases (at most MaxBatch of one policy
+// version), or nil if there are none.
+func (l *Limiter) NextReturn() *Return {
+	l.qmu.Lock()
+	defer l.qmu.Unlock()
+	if len(l.returns) == 0 {
+		return nil
+	}
+	version := l.returns[0].version
+	req := &coordinatorv1.ReturnRequest{AgentId: l.cfg.AgentID, PolicyVersion: version}
+	rest := l.returns[:0]
+	for _, it := range l.returns {
+		if it.version != version || len(req.Items) == MaxBatch {
+			rest = append(rest, it)
+			continue
+		}
+		req.Items = append(req.Items, &coordinatorv1.ReturnItem{
+			Bucket: it.ref, UnspentMicro: int64(it.unspent), GrantedAtMs: int64(it.grantedAt),
+		})
+	}
+	clear(l.returns[len(rest):])
+	l.returns = rest
+	req.Seq = l.seq.Add(1)
+	for _, it := range req.Items {
+		l.stats.ReturnedMicro.Add(uint64(it.UnspentMicro))
+	}
+	return &Return{Req: req}
+}
+
+// ApplyReturn records the answer to a Return. Tokens of a failed Return are lost to the global
+// bucket until it refills them (under-use, never overshoot); the shell may retry the same
+// request (same seq) first, which is safe.
+func (l *Limiter) ApplyReturn(r *Return, resp *coordinatorv1.ReturnResponse, err error) {
+	if err != nil || len(resp.GetResults()) != len(r.Req.Items) {
+		for _, it := range r.Req.Items {
+			l.stats.LostMicro.Add(uint64(it.UnspentMicro))
+		}
+		return
+	}
+	for _, res := range resp.Results {
+		l.stats.CreditedMicro.Add(uint64(res.CreditedMicro))
+	}
+}
+
+// Pending reports whether refills or returns are queued.
+func (l *Limiter) Pending() (refills, returns int) {
+	l.qmu.Lock()
+	defer l.qmu.Unlock()
+	return len(l.queue), len(l.returns)
+}
+
+// Expire retires the leases that expired by now, in shards [from, from+n) of the table, and
+// returns the shard to start from next time: the shell sweeps the table a few shards per tick.
+func (l *Limiter) Expire(now clock.Nanos, from, n int) int {
+	v := l.view.Load()
+	shards := len(v.table.shards)
+	for i := range n {
+		v.table.eachInShard((from+i)%shards, func(e *entry) {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			if exp := e.expires.Load(); exp != 0 && int64(now) >= exp {
+				if e.tokens.Load() > 0 {
+					l.stats.Expired.Add(1)
+				}
+				l.retireLocked(e)
+			}
+			if e.next.tokens > 0 && now >= e.next.expires {
+				l.stats.Expired.Add(1)
+				l.queueReturn(e, e.next.tokens, e.next.grantedAt)
+				e.acct -= e.next.tokens
+				e.next = grant{}
+			}
+			if e.next.tokens > 0 && !e.usableLocked(now, 1) {
+				l.promoteLocked(now, e)
+			}
+		})
+	}
+	return (from + n) % shards
+}
+
+// Close retires every lease (graceful shutdown): afterwards NextReturn yields them all.
+func (l *Limiter) Close() {
+	v := l.view.Load()
+	v.closed.Store(true)
+	v.table.each(func(e *entry) { l.retireEntry(e, true) })
+}
