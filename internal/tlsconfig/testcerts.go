@@ -1,0 +1,124 @@
+package tlsconfig
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Files are the PEM files of a test PKI written by WriteTestPKI.
+type Files struct {
+	CA                    string // the CA certificate
+	ServerCert, ServerKey string // for 127.0.0.1 and localhost
+	ClientCert, ClientKey string // a client certificate signed by the CA
+	OtherCert, OtherKey   string // a client certificate signed by another CA (must be refused)
+}
+
+// WriteTestPKI writes a throwaway CA, a server certificate, a client certificate and a client
+// certificate of a foreign CA into dir, valid for a day. For tests and local demos only.
+func WriteTestPKI(dir string) (Files, error) {
+	ca, caKey, err := newCA("leasebucket test CA")
+	if err != nil {
+		return Files{}, err
+	}
+	other, otherKey, err := newCA("foreign CA")
+	if err != nil {
+		return Files{}, err
+	}
+	f := Files{
+		CA:         filepath.Join(dir, "ca.pem"),
+		ServerCert: filepath.Join(dir, "server.pem"), ServerKey: filepath.Join(dir, "server-key.pem"),
+		ClientCert: filepath.Join(dir, "client.pem"), ClientKey: filepath.Join(dir, "client-key.pem"),
+		OtherCert: filepath.Join(dir, "other.pem"), OtherKey: filepath.Join(dir, "other-key.pem"),
+	}
+	if err := writePEM(f.CA, "CERTIFICATE", ca.Raw); err != nil {
+		return Files{}, err
+	}
+	server := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "coordinator"},
+		DNSNames:    []string{"localhost"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	client := &x509.Certificate{Subject: pkix.Name{CommonName: "agent"}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	for _, c := range []struct {
+		tmpl              *x509.Certificate
+		parent            *x509.Certificate
+		parentKey         *ecdsa.PrivateKey
+		certFile, keyFile string
+	}{
+		{server, ca, caKey, f.ServerCert, f.ServerKey},
+		{client, ca, caKey, f.ClientCert, f.ClientKey},
+		{&x509.Certificate{Subject: pkix.Name{CommonName: "intruder"}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}, other, otherKey, f.OtherCert, f.OtherKey},
+	} {
+		if err := issue(c.tmpl, c.parent, c.parentKey, c.certFile, c.keyFile); err != nil {
+			return Files{}, err
+		}
+	}
+	return f, nil
+}
+
+var serial int64
+
+func template(cn string) *x509.Certificate {
+	serial++
+	now := time.Now()
+	return &x509.Certificate{
+		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature,
+	}
+}
+
+func newCA(cn string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("tlsconfig: %w", err)
+	}
+	t := template(cn)
+	t.IsCA, t.BasicConstraintsValid = true, true
+	t.KeyUsage |= x509.KeyUsageCertSign
+	der, err := x509.CreateCertificate(rand.Reader, t, t, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("tlsconfig: CA: %w", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	return cert, key, err
+}
+
+func issue(tmpl, parent *x509.Certificate, parentKey *ecdsa.PrivateKey, certFile, keyFile string) error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fmt.Errorf("tlsconfig: %w", err)
+	}
+	t := template(tmpl.Subject.CommonName)
+	t.DNSNames, t.IPAddresses, t.ExtKeyUsage = tmpl.DNSNames, tmpl.IPAddresses, tmpl.ExtKeyUsage
+	der, err := x509.CreateCertificate(rand.Reader, t, parent, &key.PublicKey, parentKey)
+	if err != nil {
+		return fmt.Errorf("tlsconfig: certificate %s: %w", t.Subject.CommonName, err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return fmt.Errorf("tlsconfig: %w", err)
+	}
+	if err := writePEM(certFile, "CERTIFICATE", der); err != nil {
+		return err
+	}
+	return writePEM(keyFile, "EC PRIVATE KEY", keyDER)
+}
+
+func writePEM(path, kind string, der []byte) error {
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
+		return fmt.Errorf("tlsconfig: %w", err)
+	}
+	return nil
+}
