@@ -1,0 +1,199 @@
+package policy
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Explanation says how a request resolves: which rule and why, which broader rules it replaces,
+// the effective limit, the cost, the failure mode and the bucket key.
+type Explanation struct {
+	Tenant     string
+	Path       string // as given
+	Normalized string
+	Operation  string // as given
+	OpMeaning  string // how the Set reads the operation ("HTTP method of class read", ...)
+	Region     string
+
+	Route  Route
+	Params []string // template bindings, such as "{id}=7"
+	Why    string
+	// Replaced are the other routes that match the request, most specific first; they are not
+	// charged (a request is charged to exactly one bucket).
+	Replaced []Candidate
+
+	Limits *Limits
+	Cost   int64
+	Key    string
+
+	Version string
+	Digest  string
+}
+
+// Candidate is a route that also matched but lost, and why.
+type Candidate struct {
+	Route  Route
+	Reason string
+}
+
+// Explain resolves a request like Match, Limits, Cost and Key do, and says why. It is for the
+// operator (lbpolicy explain, the agent's debug endpoint), not for the hot path.
+func (s *Set) Explain(tenant, path, operation, region string) (Explanation, error) {
+	e := Explanation{Tenant: tenant, Path: path, Operation: operation, Region: region,
+		Version: s.version, Digest: s.digest}
+	norm, err := Normalize(path)
+	if err != nil {
+		return e, err
+	}
+	e.Normalized = norm
+	if e.Route, err = s.Match(norm, operation); err != nil {
+		return e, err
+	}
+	ref, known := s.resolveOp(operation)
+	switch {
+	case !known:
+		e.OpMeaning = "unknown to this policy"
+	case ref.kind == opMethod:
+		e.OpMeaning = "HTTP method of class " + s.opNames[ref.class]
+	case ref.kind == opNamed:
+		e.OpMeaning = "named operation of class " + s.opNames[ref.class]
+	default:
+		e.OpMeaning = "class"
+	}
+
+	var all []int32
+	if known {
+		if len(norm) == 1 {
+			all = s.root.appendEnds(ref.exact, ref.class, nil)
+		} else {
+			all = s.root.collect(norm, 1, ref.exact, ref.class, nil)
+		}
+	}
+	win := e.Route.r
+	switch {
+	case !known:
+		e.Why = fmt.Sprintf("operation %q is not a class, named operation or HTTP method of this policy: the default rule applies", operation)
+	case win.rule.Default:
+		e.Why = fmt.Sprintf("no template of any rule matches %s for operation %s (or its class): the default rule applies", norm, operation)
+	default:
+		e.Params = win.tmpl.params(norm)
+		how := "is listed by the rule"
+		if win.op != operation {
+			how = fmt.Sprintf("matches through its class %s", win.op)
+		}
+		e.Why = fmt.Sprintf("%s is the most specific template matching %s with an entry for the operation; operation %s %s",
+			win.tmpl.raw, norm, operation, how)
+	}
+	for _, id := range all {
+		c := s.routes[id]
+		if c == win {
+			continue
+		}
+		var reason string
+		if c.tmpl.shape == win.tmpl.shape {
+			reason = fmt.Sprintf("same template; the exact operation %s beats the class %s", win.op, c.op)
+		} else {
+			reason = "less specific template: " + precedence(win.tmpl, c.tmpl)
+		}
+		e.Replaced = append(e.Replaced, Candidate{Route: c.route(), Reason: reason})
+	}
+
+	if e.Limits, err = s.Limits(e.Route, tenant, region); err != nil {
+		return e, err
+	}
+	e.Cost = s.Cost(e.Route)
+	if e.Key, err = s.Key(e.Route, tenant, region); err != nil {
+		return e, err
+	}
+	return e, nil
+}
+
+// String renders the explanation for a terminal, one fact per line.
+func (e Explanation) String() string {
+	var b strings.Builder
+	line := func(k, format string, args ...any) {
+		fmt.Fprintf(&b, "%-12s %s\n", k+":", fmt.Sprintf(format, args...))
+	}
+	r := e.Route.Rule
+	line("policy", "version %s (digest %s)", e.Version, short(e.Digest))
+	line("tenant", "%s", e.Tenant)
+	if e.Normalized != e.Path {
+		line("route", "%s (normalized %s)", e.Path, e.Normalized)
+	} else {
+		line("route", "%s", e.Path)
+	}
+	line("operation", "%s (%s)", e.Operation, e.OpMeaning)
+	if e.Region != "" {
+		line("region", "%s", e.Region)
+	}
+	if r == nil {
+		return b.String()
+	}
+	if r.Default {
+		line("rule", "default (line %d), operation %s", r.Line, e.Route.Operation())
+	} else {
+		line("rule", "%s (line %d)", r.Name, r.Line)
+		tmpl := e.Route.Template()
+		if len(e.Params) > 0 {
+			tmpl += "  " + strings.Join(e.Params, " ")
+		}
+		line("template", "%s", tmpl)
+		line("entry", "%s", e.Route.Operation())
+	}
+	if r.Description != "" {
+		line("description", "%s", r.Description)
+	}
+	line("why", "%s", e.Why)
+	for i, c := range e.Replaced {
+		k := ""
+		if i == 0 {
+			k = "replaces"
+		}
+		line(k, "%s — %s", c.Route, c.Reason)
+	}
+	if l := e.Limits; l != nil {
+		src := "rule"
+		if l.Override {
+			src = "tenant override"
+		}
+		scope := l.Scope.String()
+		if l.Region != "" {
+			scope += ", slice of region " + l.Region
+		}
+		line("limit", "%d per %s, burst %d (%s; %s)", l.Requests, FormatPeriod(l.Period), l.Burst, src, scope)
+		line("bucket", "%s", l.Bucket)
+	}
+	line("cost", "%d token(s) per request", e.Cost)
+	switch r.OnFailure {
+	case Deny:
+		line("on failure", "deny: 503 with Retry-After %s", FormatPeriod(r.FailureRetryAfter))
+	case Emergency:
+		em := r.Emergency
+		if e.Limits != nil && e.Limits.Emergency != nil {
+			em = e.Limits.Emergency
+		}
+		line("on failure", "emergency: local bucket %d per %s, burst %d per agent; responses marked degraded",
+			em.Requests, FormatPeriod(em.Period), em.Burst)
+	}
+	line("shadow", "%s", yesNo(r.Shadow, "yes: reported, never denied", "no"))
+	line("headers", "%s", yesNo(r.Headers, "RateLimit headers exposed", "no"))
+	if e.Limits != nil {
+		line("key", "%s", e.Key)
+		line("key version", "%s (fingerprint of the effective limit)", e.Limits.Fingerprint)
+	}
+	return b.String()
+}
+
+func yesNo(b bool, yes, no string) string {
+	if b {
+		return yes
+	}
+	return no
+}
+
+func short(digest string) string {
+	if len(digest) > 12 {
+		return digest[:12]
+	}
+	return digest
+}
