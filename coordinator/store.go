@@ -39,15 +39,17 @@ const (
 
 	// MaxRecords is the number of agent records a key holds before a sweep removes those older than
 	// RecordKeep. The sweep walks only the key's own fields, so it is bounded by this number plus
-	// the agents active within RecordKeep.
-	MaxRecords = 128
+	// the agents active within RecordKeep. With the bucket's own fields, 120 records stay within
+	// Redis's default hash-max-listpack-entries (128): the compact encoding.
+	MaxRecords = 120
 
 	// ExpiryMargin is added to a bucket's time to fill to form its key's expiry: long enough that
 	// idempotency records outlive any retry, after which the key is a full bucket and needs no state.
 	ExpiryMargin = RecordKeep
 
-	// MaxAgentID bounds the agent identifier stored in each record.
-	MaxAgentID = 128
+	// MaxAgentID bounds the agent identifier stored in each record: "a:" plus 60 bytes stays within
+	// Redis's default hash-max-listpack-value (64), the compact encoding.
+	MaxAgentID = 60
 
 	// MaxKey bounds a bucket key (policy keys are far shorter; see policy.MaxKeyLen).
 	MaxKey = 1024
@@ -138,6 +140,8 @@ func (o OpID) validate() error {
 		return fmt.Errorf("%w: agent id longer than %d bytes", ErrInvalidRequest, MaxAgentID)
 	case o.Agent != "" && (o.Seq == 0 || o.Seq > bucket.MaxExact):
 		return fmt.Errorf("%w: agent %q sequence %d not in 1..2^53-1", ErrInvalidRequest, o.Agent, o.Seq)
+	case o.Agent == "" && o.Seq != 0:
+		return fmt.Errorf("%w: sequence %d without an agent id", ErrInvalidRequest, o.Seq)
 	}
 	return nil
 }

@@ -47,7 +47,7 @@ var ErrUnrepresentable = errors.New("bucket: limit cannot be represented exactly
 // microtokens per millisecond, the fraction reduced by its gcd.
 //
 // Invariants (checked by NewLimit): 1 <= capacity; 2*capacity + num <= MaxExact;
-// num*den <= MaxExact; fill <= MaxFill. Under them every intermediate of Refill, Take and Return
+// (num+1)*den <= MaxExact; fill <= MaxFill. Under them every intermediate of Refill, Take and Return
 // stays within MaxExact (the bound is noted beside each multiplication).
 type Limit struct {
 	capacity Micro
@@ -75,7 +75,7 @@ func NewLimit(capacity, amount Micro, period Millis) (Limit, error) {
 	}
 	g := gcd(int64(amount), int64(period))
 	l.num, l.den = int64(amount)/g, int64(period)/g
-	if l.num > MaxExact/l.den {
+	if l.num > MaxExact/l.den-1 { // (num+1)*den <= MaxExact: the refill's remainder adds up to den
 		return Limit{}, fmt.Errorf("%w: rate %d µ per %d ms reduces to %d/%d, whose product exceeds 2^53",
 			ErrUnrepresentable, amount, period, l.num, l.den)
 	}
@@ -113,37 +113,54 @@ func (l Limit) String() string {
 	return fmt.Sprintf("capacity=%dµ rate=%dµ/%dms", l.capacity, l.num, l.den)
 }
 
-// added is floor(elapsed * num / den) for 0 <= elapsed < fill: the microtokens refilled in elapsed.
-// Split as q*num + r*num/den so that no product exceeds 2^53: q*num <= elapsed*num/den <
-// capacity + num, and r*num < den*num <= MaxExact.
-func (l Limit) added(elapsed Millis) Micro {
+// added refills elapsed ms (0 <= elapsed < fill) on top of a remainder frac (0 <= frac < den, in
+// units of 1/den µ): it returns the whole microtokens and the new remainder of
+// elapsed*num + frac over den. Split as q*num + (r*num + frac)/den so that no product exceeds 2^53:
+// q*num <= elapsed*num/den < capacity + num, and r*num + frac < den*num + den <= MaxExact.
+func (l Limit) added(elapsed Millis, frac int64) (Micro, int64) {
 	q, r := int64(elapsed)/l.den, int64(elapsed)%l.den
-	return Micro(q*l.num + r*l.num/l.den)
+	t := r*l.num + frac
+	return Micro(q*l.num + t/l.den), t % l.den
 }
 
 // timeFor is ceil(amount * den / num) for 0 <= amount <= 2*capacity: the milliseconds the bucket
 // needs to refill amount. Split as q*den + ceil(r*den/num): r*den < num*den <= MaxExact, and
 // q*den <= amount*den/num, which NewLimit bounded by MaxFill for amount <= capacity.
 func (l Limit) timeFor(amount Micro) Millis {
-	q, r := int64(amount)/l.num, int64(amount)%l.num
-	return Millis(q*l.den + ceilDiv(r*l.den, l.num))
+	return l.timeForFrac(amount, 0)
 }
 
-// State is one bucket: Tokens microtokens as of Last, the store's clock in milliseconds at the
-// last refill. A missing state is a full bucket (Full), so an idle key can expire.
+// timeForFrac is timeFor when a remainder frac (units of 1/den µ) is already there:
+// ceil((amount*den - frac) / num), split the same way; r*den - frac is in (-den, num*den).
+func (l Limit) timeForFrac(amount Micro, frac int64) Millis {
+	q, r := int64(amount)/l.num, int64(amount)%l.num
+	x := r*l.den - frac
+	if x >= 0 {
+		return Millis(q*l.den + ceilDiv(x, l.num))
+	}
+	return Millis(q*l.den - (-x)/l.num) // ceil of a negative quotient
+}
+
+// State is one bucket: Tokens microtokens plus Frac/den of one more, as of Last, the store's clock
+// in milliseconds at the last refill. A missing state is a full bucket (Full), so an idle key can
+// expire.
 //
-// Invariant: 0 <= Tokens <= Capacity. Last never moves backwards: a clock that jumps back credits
-// nothing and leaves Last where it was, so no interval is credited twice.
+// Invariants: 0 <= Tokens <= Capacity; 0 <= Frac < den, and Frac == 0 when Tokens == Capacity.
+// Last never moves backwards: a clock that jumps back credits nothing and leaves Last where it
+// was, so no interval is credited twice. Frac carries the part of a microtoken a refill could not
+// credit yet, so refills lose nothing however often the bucket is touched (a bucket touched every
+// millisecond at one token a day still refills at exactly one token a day).
 type State struct {
 	Tokens Micro
 	Last   Millis
+	Frac   int64
 }
 
 // Full is the state of a bucket nobody has used, or whose key expired: full as of now.
 func Full(l Limit, now Millis) State { return State{Tokens: l.capacity, Last: now} }
 
 // Refill credits the time since Last, capped at capacity, and moves Last to now if now is later.
-// Flooring loses less than 1 µ per call; nothing else is lost or created.
+// Nothing is created or lost except what the cap discards.
 func (s *State) Refill(l Limit, now Millis) {
 	elapsed := now - s.Last
 	if elapsed <= 0 {
@@ -152,10 +169,15 @@ func (s *State) Refill(l Limit, now Millis) {
 	s.Last = now
 	switch {
 	case s.Tokens >= l.capacity || l.num == 0:
+		s.Frac = 0
 	case elapsed >= l.fill: // clamp elapsed to the time to fill before multiplying
-		s.Tokens = l.capacity
+		s.Tokens, s.Frac = l.capacity, 0
 	default:
-		s.Tokens = min(l.capacity, s.Tokens+l.added(elapsed)) // <= 2*capacity + num <= MaxExact
+		add, frac := l.added(elapsed, s.Frac)
+		s.Tokens, s.Frac = s.Tokens+add, frac // <= 2*capacity + num <= MaxExact
+		if s.Tokens >= l.capacity {
+			s.Tokens, s.Frac = l.capacity, 0
+		}
 	}
 }
 
@@ -195,7 +217,7 @@ func (s *State) TakeShare(l Limit, now Millis, want, least Micro, share int64) R
 	case least > l.capacity || l.num == 0:
 		return Result{Remaining: s.Tokens, RetryAfter: Never}
 	default:
-		return Result{Remaining: s.Tokens, RetryAfter: l.timeFor(least - s.Tokens)}
+		return Result{Remaining: s.Tokens, RetryAfter: l.timeForFrac(least-s.Tokens, s.Frac)}
 	}
 }
 
@@ -221,6 +243,9 @@ func (s *State) Return(l Limit, now Millis, amount Micro, grantedAt Millis) Resu
 	}
 	credit = max(0, min(credit, l.capacity-s.Tokens))
 	s.Tokens += credit
+	if s.Tokens == l.capacity {
+		s.Frac = 0
+	}
 	return Result{Granted: credit, Remaining: s.Tokens}
 }
 
@@ -239,7 +264,7 @@ func (s State) TimeToFull(l Limit) (d Millis, ok bool) {
 	case l.num == 0:
 		return 0, false
 	default:
-		return l.timeFor(l.capacity - s.Tokens), true
+		return l.timeForFrac(l.capacity-s.Tokens, s.Frac), true
 	}
 }
 

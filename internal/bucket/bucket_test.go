@@ -95,5 +95,10 @@ func show(l Limit, s State) string {
 	if ok {
 		full = ms(ttf)
 	}
-	return fmt.Sprintf("tokens=%s last=%dms full-in=%s", tok(s.Tokens), s.Last, full)
+	frac := ""
+	if s.Frac != 0 {
+		_, den := l.Rate()
+		frac = fmt.Sprintf(" frac=%d/%dµ", s.Frac, den)
+	}
+	return fmt.Sprintf("tokens=%s%s last=%dms full-in=%s", tok(s.Tokens), frac, s.Last, full)
 }

@@ -12,14 +12,14 @@ import (
 // ref is the bucket arithmetic written the obvious way, in arbitrary precision: the split
 // multiplications of the real code must agree with it exactly.
 type ref struct {
-	cap, num, den *big.Int
-	tokens, last  *big.Int
+	cap, num, den      *big.Int
+	tokens, last, frac *big.Int
 }
 
 func newRef(l Limit, s State) *ref {
 	return &ref{
 		cap: big.NewInt(int64(l.capacity)), num: big.NewInt(l.num), den: big.NewInt(l.den),
-		tokens: big.NewInt(int64(s.Tokens)), last: big.NewInt(int64(s.Last)),
+		tokens: big.NewInt(int64(s.Tokens)), last: big.NewInt(int64(s.Last)), frac: big.NewInt(s.Frac),
 	}
 }
 
@@ -30,17 +30,21 @@ func (r *ref) refill(now int64) {
 	}
 	e := new(big.Int).Sub(n, r.last)
 	r.last = n
-	add := new(big.Int).Mul(e, r.num)
-	add.Quo(add, r.den)
+	total := new(big.Int).Mul(e, r.num)
+	total.Add(total, r.frac)
+	add, frac := new(big.Int).QuoRem(total, r.den, new(big.Int))
 	r.tokens.Add(r.tokens, add)
-	if r.tokens.Cmp(r.cap) > 0 {
+	r.frac = frac
+	if r.tokens.Cmp(r.cap) >= 0 {
 		r.tokens.Set(r.cap)
+		r.frac.SetInt64(0)
 	}
 }
 
+// ceilQuo is ceil(a/b) for b > 0 (QuoRem truncates toward zero, which is the ceiling when a < 0).
 func ceilQuo(a, b *big.Int) *big.Int {
 	q, m := new(big.Int).QuoRem(a, b, new(big.Int))
-	if m.Sign() != 0 {
+	if m.Sign() > 0 {
 		q.Add(q, big.NewInt(1))
 	}
 	return q
@@ -71,7 +75,8 @@ func (r *ref) take(now, want, least, share int64) Result {
 		return Result{Remaining: Micro(r.tokens.Int64()), RetryAfter: Never}
 	}
 	d := new(big.Int).Sub(big.NewInt(least), r.tokens)
-	return Result{Remaining: Micro(r.tokens.Int64()), RetryAfter: Millis(ceilQuo(d.Mul(d, r.den), r.num).Int64())}
+	d.Mul(d, r.den).Sub(d, r.frac)
+	return Result{Remaining: Micro(r.tokens.Int64()), RetryAfter: Millis(ceilQuo(d, r.num).Int64())}
 }
 
 func (r *ref) ret(now, amount, grantedAt int64) Result {
@@ -91,13 +96,16 @@ func (r *ref) ret(now, amount, grantedAt int64) Result {
 		credit.SetInt64(0)
 	}
 	r.tokens.Add(r.tokens, credit)
+	if r.tokens.Cmp(r.cap) == 0 {
+		r.frac.SetInt64(0)
+	}
 	return Result{Granted: Micro(credit.Int64()), Remaining: Micro(r.tokens.Int64())}
 }
 
 // FuzzArithmetic drives a bucket with operations decoded from the input and checks every result
-// against the arbitrary-precision reference, plus the invariants: 0 <= tokens <= capacity, a grant
-// is 0 or between min and want, and refill loses less than 1 µ (before + exact refill =
-// after, capped, plus a floor loss in [0, 1)).
+// against the arbitrary-precision reference, plus the invariants: 0 <= tokens <= capacity,
+// 0 <= frac < den, a grant is 0 or between min and want, and refill loses nothing (before + exact
+// refill = after, unless capped).
 func FuzzArithmetic(f *testing.F) {
 	f.Add(int64(20_000_000), int64(100_000_000), int64(60_000), []byte("take and return and more time"))
 	f.Add(int64(1), int64(1), int64(1), []byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17})
@@ -120,7 +128,7 @@ func FuzzArithmetic(f *testing.F) {
 				step = -step
 			}
 			now = max(0, now+step)
-			before, last := s.Tokens, s.Last
+			before, last := s, s.Last
 			amt := 1 + int64(v>>16)%(2*capacity)
 			switch kind % 3 {
 			case 0:
@@ -142,28 +150,30 @@ func FuzzArithmetic(f *testing.F) {
 			default:
 				s.Refill(l, Millis(now))
 				r.refill(now)
-				checkConservation(t, l, before, last, s, now)
+				checkConservation(t, l, before, s, now)
 			}
-			if s.Tokens < 0 || s.Tokens > l.capacity || int64(s.Tokens) != r.tokens.Int64() || int64(s.Last) != r.last.Int64() {
-				t.Fatalf("state %+v, reference tokens=%v last=%v, capacity %d", s, r.tokens, r.last, l.capacity)
+			if s.Tokens < 0 || s.Tokens > l.capacity || s.Frac < 0 || s.Frac >= l.den ||
+				int64(s.Tokens) != r.tokens.Int64() || int64(s.Last) != r.last.Int64() || s.Frac != r.frac.Int64() {
+				t.Fatalf("state %+v, reference tokens=%v last=%v frac=%v, capacity %d", s, r.tokens, r.last, r.frac, l.capacity)
 			}
 		}
 	})
 }
 
 // checkConservation: after a pure refill from before (at last) to s, either the bucket is full and
-// the exact refill would have filled it, or before + exact refill - after is in [0, 1) µ.
-func checkConservation(t *testing.T, l Limit, before Micro, last Millis, s State, now int64) {
+// the exact refill would have filled it, or before + exact refill = after exactly (Frac carries the
+// fraction).
+func checkConservation(t *testing.T, l Limit, before State, s State, now int64) {
 	t.Helper()
-	elapsed := max(0, now-int64(last))
-	exact := new(big.Rat).SetFrac(new(big.Int).Mul(big.NewInt(elapsed), big.NewInt(l.num)), big.NewInt(l.den))
-	exact.Add(exact, new(big.Rat).SetInt64(int64(before)))
+	elapsed := max(0, now-int64(before.Last))
+	exact := new(big.Rat).SetFrac(new(big.Int).Add(new(big.Int).Mul(big.NewInt(elapsed), big.NewInt(l.num)), big.NewInt(before.Frac)), big.NewInt(l.den))
+	exact.Add(exact, new(big.Rat).SetInt64(int64(before.Tokens)))
 	if s.Tokens == l.capacity && exact.Cmp(new(big.Rat).SetInt64(int64(l.capacity))) >= 0 {
 		return
 	}
-	loss := new(big.Rat).Sub(exact, new(big.Rat).SetInt64(int64(s.Tokens)))
-	if loss.Sign() < 0 || loss.Cmp(big.NewRat(1, 1)) >= 0 {
-		t.Fatalf("refill from %d µ over %d ms at %d/%d to %d µ lost %s µ; want 0 <= loss < 1", before, elapsed, l.num, l.den, s.Tokens, loss.FloatString(6))
+	after := new(big.Rat).Add(new(big.Rat).SetInt64(int64(s.Tokens)), big.NewRat(s.Frac, l.den))
+	if elapsed > 0 && exact.Cmp(after) != 0 {
+		t.Fatalf("refill from %+v over %d ms at %d/%d to %+v: exact %s µ, state holds %s µ", before, elapsed, l.num, l.den, s, exact.FloatString(6), after.FloatString(6))
 	}
 }
 

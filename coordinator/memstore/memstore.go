@@ -1,0 +1,324 @@
+// Package memstore is the in-memory coordinator.Store: the embedded default of `make run` and the
+// simulator's store. It has exactly the semantics of coordinator/redisstore (bucket arithmetic,
+// idempotency records, stale and replayed operations, logical expiry, the record sweep), which a
+// differential test between the two checks.
+//
+// Keys are spread over shards by a hash of the key, each shard a map under its own mutex, so
+// requests on different keys rarely contend. Expired keys are dropped when touched and by Sweep,
+// which the owner runs periodically so that memory stays bounded by the keys used within their
+// time to fill plus coordinator.ExpiryMargin.
+package memstore
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/leasebucket/leasebucket/coordinator"
+	"github.com/leasebucket/leasebucket/internal/bucket"
+)
+
+// shardCount is a power of two well above the cores of a coordinator host, so two requests on
+// different keys rarely wait for the same mutex.
+const shardCount = 64
+
+// Store is a coordinator.Store in memory. It is safe for concurrent use.
+type Store struct {
+	clock  func() bucket.Millis
+	seed   maphash.Seed
+	shards [shardCount]shard
+}
+
+type shard struct {
+	mu sync.Mutex
+	m  map[string]*entry
+	_  [48]byte // keep shards on separate cache lines (mutex 8 + map 8 + 48 = 64 bytes)
+}
+
+// entry is one key: what redisstore keeps in the key's hash.
+type entry struct {
+	state   bucket.State
+	expiry  bucket.Millis // the logical expiry on the key clock, when expires
+	expires bool
+	takes   map[string]TakeRecord   // by agent; nil until the first idempotent Take
+	returns map[string]ReturnRecord // by agent; nil until the first idempotent Return
+}
+
+// TakeRecord is an agent's last idempotent Take on a key.
+type TakeRecord struct {
+	Seq        uint64
+	Granted    bucket.Micro
+	Remaining  bucket.Micro
+	RetryAfter bucket.Millis
+	Now        bucket.Millis
+}
+
+// ReturnRecord is an agent's last idempotent Return on a key.
+type ReturnRecord struct {
+	Seq       uint64
+	Credited  bucket.Micro
+	Remaining bucket.Micro
+	Now       bucket.Millis
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithClock sets the store's clock (milliseconds). The default is wall-clock time
+// (time.Now().UnixMilli()); tests and the simulator inject theirs.
+func WithClock(clock func() bucket.Millis) Option {
+	return func(s *Store) { s.clock = clock }
+}
+
+// New returns an empty Store.
+func New(opts ...Option) *Store {
+	s := &Store{clock: wallClock, seed: maphash.MakeSeed()}
+	for _, o := range opts {
+		o(s)
+	}
+	for i := range s.shards {
+		s.shards[i].m = make(map[string]*entry)
+	}
+	return s
+}
+
+func wallClock() bucket.Millis { return bucket.Millis(time.Now().UnixMilli()) }
+
+func (s *Store) shard(key string) *shard {
+	return &s.shards[maphash.String(s.seed, key)&(shardCount-1)]
+}
+
+// Take implements coordinator.Store. The clock is read once per batch.
+func (s *Store) Take(ctx context.Context, reqs []coordinator.TakeRequest) ([]coordinator.TakeResult, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("memstore: take: %w", err)
+	}
+	now := s.clock()
+	res := make([]coordinator.TakeResult, len(reqs))
+	for i := range reqs {
+		r := &reqs[i]
+		if err := r.Validate(); err != nil {
+			res[i].Err = fmt.Errorf("memstore: take: %w", err)
+			continue
+		}
+		sh := s.shard(r.Key)
+		sh.mu.Lock()
+		res[i] = sh.take(r, now)
+		sh.mu.Unlock()
+	}
+	return res, nil
+}
+
+// Return implements coordinator.Store. The clock is read once per batch.
+func (s *Store) Return(ctx context.Context, reqs []coordinator.ReturnRequest) ([]coordinator.ReturnResult, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("memstore: return: %w", err)
+	}
+	now := s.clock()
+	res := make([]coordinator.ReturnResult, len(reqs))
+	for i := range reqs {
+		r := &reqs[i]
+		if err := r.Validate(); err != nil {
+			res[i].Err = fmt.Errorf("memstore: return: %w", err)
+			continue
+		}
+		sh := s.shard(r.Key)
+		sh.mu.Lock()
+		res[i] = sh.ret(r, now)
+		sh.mu.Unlock()
+	}
+	return res, nil
+}
+
+// live returns key's entry, dropping it first if it expired by now. Caller holds sh.mu.
+func (sh *shard) live(key string, now bucket.Millis) *entry {
+	e := sh.m[key]
+	if e != nil && e.expires && now >= e.expiry {
+		delete(sh.m, key)
+		return nil
+	}
+	return e
+}
+
+// create stores a full bucket for key (bucket.Full). Caller holds sh.mu.
+func (sh *shard) create(key string, l bucket.Limit, now bucket.Millis) *entry {
+	e := &entry{state: bucket.Full(l, now)}
+	sh.m[strings.Clone(key)] = e // do not pin the caller's buffer
+	return e
+}
+
+func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator.TakeResult {
+	e := sh.live(r.Key, now)
+	idem := r.Op.Agent != ""
+	if e != nil && idem {
+		if rec, ok := e.takes[r.Op.Agent]; ok {
+			switch {
+			case rec.Seq == r.Op.Seq:
+				return coordinator.TakeResult{
+					Result:   bucket.Result{Granted: rec.Granted, Remaining: rec.Remaining, RetryAfter: rec.RetryAfter},
+					Now:      rec.Now,
+					Replayed: true,
+				}
+			case rec.Seq > r.Op.Seq:
+				return coordinator.TakeResult{
+					Result: bucket.Result{Remaining: e.state.Tokens}, Now: e.state.Last, Stale: true,
+				}
+			}
+		}
+	}
+	if e == nil {
+		e = sh.create(r.Key, r.Limit, now)
+	}
+	share := r.Share
+	if share == 0 {
+		share = bucket.WholeShare
+	}
+	res := e.state.TakeShare(r.Limit, now, r.Want, r.Min, share)
+	e.setExpiry(r.Limit)
+	if idem {
+		rec := TakeRecord{Seq: r.Op.Seq, Granted: res.Granted, Remaining: res.Remaining,
+			RetryAfter: res.RetryAfter, Now: e.state.Last}
+		if e.takes == nil {
+			e.takes = make(map[string]TakeRecord, 1)
+		}
+		if _, ok := e.takes[r.Op.Agent]; ok {
+			e.takes[r.Op.Agent] = rec
+		} else {
+			e.takes[strings.Clone(r.Op.Agent)] = rec
+		}
+		e.sweepRecords()
+	}
+	return coordinator.TakeResult{Result: res, Now: e.state.Last}
+}
+
+func (sh *shard) ret(r *coordinator.ReturnRequest, now bucket.Millis) coordinator.ReturnResult {
+	e := sh.live(r.Key, now)
+	idem := r.Op.Agent != ""
+	if e != nil && idem {
+		if rec, ok := e.returns[r.Op.Agent]; ok {
+			switch {
+			case rec.Seq == r.Op.Seq:
+				return coordinator.ReturnResult{
+					Result:   bucket.Result{Granted: rec.Credited, Remaining: rec.Remaining},
+					Now:      rec.Now,
+					Replayed: true,
+				}
+			case rec.Seq > r.Op.Seq:
+				return coordinator.ReturnResult{
+					Result: bucket.Result{Remaining: e.state.Tokens}, Now: e.state.Last, Stale: true,
+				}
+			}
+		}
+	}
+	if e == nil {
+		e = sh.create(r.Key, r.Limit, now)
+	}
+	res := e.state.Return(r.Limit, now, r.Amount, r.GrantedAt)
+	e.setExpiry(r.Limit)
+	if idem {
+		rec := ReturnRecord{Seq: r.Op.Seq, Credited: res.Granted, Remaining: res.Remaining, Now: e.state.Last}
+		if e.returns == nil {
+			e.returns = make(map[string]ReturnRecord, 1)
+		}
+		if _, ok := e.returns[r.Op.Agent]; ok {
+			e.returns[r.Op.Agent] = rec
+		} else {
+			e.returns[strings.Clone(r.Op.Agent)] = rec
+		}
+		e.sweepRecords()
+	}
+	return coordinator.ReturnResult{Result: res, Now: e.state.Last}
+}
+
+// setExpiry sets the key's logical expiry after a change: once full plus the margin, the key is a
+// full bucket again. A bucket that is not full and never refills does not expire.
+func (e *entry) setExpiry(l bucket.Limit) {
+	ttf, ok := e.state.TimeToFull(l)
+	e.expires = ok
+	e.expiry = 0
+	if ok {
+		e.expiry = e.state.Last + ttf + coordinator.ExpiryMargin
+	}
+}
+
+// sweepRecords drops the records older than RecordKeep on the key clock once the key holds more
+// than MaxRecords of them (the rule of bucket.lua).
+func (e *entry) sweepRecords() {
+	if len(e.takes)+len(e.returns) <= coordinator.MaxRecords {
+		return
+	}
+	last := e.state.Last
+	for a, rec := range e.takes {
+		if last-rec.Now > coordinator.RecordKeep {
+			delete(e.takes, a)
+		}
+	}
+	for a, rec := range e.returns {
+		if last-rec.Now > coordinator.RecordKeep {
+			delete(e.returns, a)
+		}
+	}
+}
+
+// Sweep drops every key whose logical expiry is at or before now and reports how many it dropped.
+// The owner runs it periodically with the store's clock; it locks one shard at a time.
+func (s *Store) Sweep(now bucket.Millis) int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			if e.expires && now >= e.expiry {
+				delete(sh.m, k)
+				n++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Len is the number of keys held, expired ones not yet swept included.
+func (s *Store) Len() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Entry is a copy of one key's state, for tests and diagnostics.
+type Entry struct {
+	State   bucket.State
+	Expiry  bucket.Millis // the logical expiry on the key clock; 0 unless Expires
+	Expires bool
+	Takes   map[string]TakeRecord   // the last idempotent Take of each agent
+	Returns map[string]ReturnRecord // the last idempotent Return of each agent
+}
+
+// Lookup returns a copy of key's state as stored, without applying its expiry (an expired key is
+// reported until a request or Sweep drops it), and whether the key is held.
+func (s *Store) Lookup(key string) (Entry, bool) {
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.m[key]
+	if !ok {
+		return Entry{}, false
+	}
+	out := Entry{State: e.state, Expiry: e.expiry, Expires: e.expires,
+		Takes: make(map[string]TakeRecord, len(e.takes)), Returns: make(map[string]ReturnRecord, len(e.returns))}
+	for a, r := range e.takes {
+		out.Takes[a] = r
+	}
+	for a, r := range e.returns {
+		out.Returns[a] = r
+	}
+	return out, true
+}

@@ -1,0 +1,140 @@
+package redisstore_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/leasebucket/leasebucket/coordinator"
+	"github.com/leasebucket/leasebucket/coordinator/redisstore"
+	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/redistest"
+)
+
+// benchStore is a Store on a fresh redis-server with the script loaded, and a counter of its
+// round trips.
+func benchStore(b *testing.B) (*redisstore.Store, *redis.Client, *tripCounter) {
+	srv := redistest.Start(b)
+	rdb := srv.Client(b)
+	counter := newTripCounter()
+	rdb.AddHook(counter.hook(srv.Addr()))
+	s := redisstore.New(rdb)
+	if err := s.Load(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return s, rdb, counter
+}
+
+// benchLimit never runs dry at benchmark rates: 10^9 tokens refilled every millisecond.
+func benchLimit(b *testing.B) bucket.Limit {
+	return mustLimit(b, 1_000_000_000*tok, 1_000_000_000*tok, 1)
+}
+
+// runTakes times batches of reqs and reports key-grants per wall second and round trips per grant.
+func runTakes(b *testing.B, s *redisstore.Store, counter *tripCounter, reqs []coordinator.TakeRequest) {
+	ctx := context.Background()
+	if _, err := s.Take(ctx, reqs); err != nil { // open the connection first
+		b.Fatal(err)
+	}
+	counter.reset()
+	grants := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		res, err := s.Take(ctx, reqs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, r := range res {
+			if r.Err != nil {
+				b.Fatal(r.Err)
+			}
+			if r.Granted > 0 {
+				grants++
+			}
+		}
+	}
+	trips, _ := counter.reset()
+	b.ReportMetric(float64(grants)/b.Elapsed().Seconds(), "grants/s")
+	b.ReportMetric(float64(sum(trips))/float64(max(grants, 1)), "roundtrips/grant")
+}
+
+// BenchmarkTakeSingleKey is one Take of one hot key per round trip.
+func BenchmarkTakeSingleKey(b *testing.B) {
+	s, _, counter := benchStore(b)
+	runTakes(b, s, counter, []coordinator.TakeRequest{{Key: "hot", Limit: benchLimit(b), Want: tok, Min: tok}})
+}
+
+// BenchmarkTakeBatch100 is one pipelined batch of 100 keys per round trip.
+func BenchmarkTakeBatch100(b *testing.B) {
+	s, _, counter := benchStore(b)
+	l := benchLimit(b)
+	reqs := make([]coordinator.TakeRequest, 100)
+	for i := range reqs {
+		reqs[i] = coordinator.TakeRequest{Key: "tenant-" + strconv.Itoa(i), Limit: l, Want: tok, Min: tok}
+	}
+	runTakes(b, s, counter, reqs)
+}
+
+// BenchmarkTakeHotKeyParallel is the throughput of one hot key from many goroutines: the script is
+// the serialization point.
+func BenchmarkTakeHotKeyParallel(b *testing.B) {
+	s, _, counter := benchStore(b)
+	reqs := []coordinator.TakeRequest{{Key: "hot", Limit: benchLimit(b), Want: tok, Min: tok}}
+	counter.reset()
+	b.SetParallelism(8)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if res, err := s.Take(context.Background(), reqs); err != nil || res[0].Err != nil {
+				b.Error(err, res)
+				return
+			}
+		}
+	})
+	trips, _ := counter.reset()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "grants/s")
+	b.ReportMetric(float64(sum(trips))/float64(b.N), "roundtrips/grant")
+}
+
+func sum(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// BenchmarkMemoryPerKey reports what one bucket key costs in Redis (MEMORY USAGE), bare and with
+// one agent's Take record.
+func BenchmarkMemoryPerKey(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		op   coordinator.OpID
+	}{{"bare", coordinator.OpID{}}, {"one-agent-record", coordinator.OpID{Agent: "node-17.eu-west-1", Seq: 1234567}}} {
+		b.Run(tc.name, func(b *testing.B) {
+			s, rdb, _ := benchStore(b)
+			l := mustLimit(b, 100*tok, 100*tok, 60_000) // 100 a minute
+			ctx := context.Background()
+			n := 0
+			for b.Loop() {
+				key := "tenant-" + strconv.Itoa(n) + "/GET /orders/{id}/read/v3"
+				n++
+				if _, err := s.Take(ctx, []coordinator.TakeRequest{{Key: key, Limit: l, Want: 20 * tok, Min: tok, Op: tc.op}}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var bytes int64
+			sample := min(n, 100)
+			for i := range sample {
+				v, err := rdb.MemoryUsage(ctx, "tenant-"+strconv.Itoa(i)+"/GET /orders/{id}/read/v3", 0).Result()
+				if err != nil {
+					b.Fatal(err)
+				}
+				bytes += v
+			}
+			b.ReportMetric(float64(bytes)/float64(sample), "bytes/key")
+		})
+	}
+}

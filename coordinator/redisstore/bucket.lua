@@ -1,0 +1,263 @@
+-- bucket.lua: one operation on one global token bucket, the arithmetic of internal/bucket
+-- (State.TakeShare, State.Return, Full for a missing key) plus the idempotency records of
+-- coordinator.OpID. It touches KEYS[1] only and makes no network call.
+--
+-- KEYS[1]  the bucket: a hash with
+--   t          tokens (microtokens)
+--   l          last refill (ms, the key clock)
+--   f          the fraction of a microtoken refilled but not yet credited, in 1/den µ
+--   x          logical expiry on the key clock; absent when the key never expires
+--   a:<agent>  that agent's last Take:   "seq granted remaining retry now"
+--   r:<agent>  that agent's last Return: "seq credited remaining now"
+-- ARGV     op ("take" | "return"), capacity, num, den, fill (the bucket.Limit),
+--          take: want, least, share (1..1000) | return: amount, granted_at, 0,
+--          agent ("" = not idempotent), seq, now ("" = Redis TIME),
+--          record_keep, max_records, expiry_margin (coordinator constants)
+-- Returns  {granted, remaining, retry_after, now, flags}; flags: 1 replayed, 2 stale.
+--
+-- Numbers are IEEE doubles. Every value below is an integer of magnitude at most 2^53 - 1, where a
+-- double is exact, so + - * and comparisons are exact; the bound is noted beside each
+-- multiplication (bucket.NewLimit guarantees the invariants it relies on). Division is never used
+-- directly: idiv computes an exact floor. Numbers are written with %d, never tostring's %.14g.
+
+local key = KEYS[1]
+local op = ARGV[1]
+local capacity = tonumber(ARGV[2])
+local num = tonumber(ARGV[3]) -- refill: num microtokens every den ms; num == 0 never refills
+local den = tonumber(ARGV[4])
+local fill = tonumber(ARGV[5]) -- ms for an empty bucket to fill; 0 when num == 0
+local want = tonumber(ARGV[6]) -- take: microtokens wanted; return: microtokens returned
+local least = tonumber(ARGV[7]) -- take: minimum grant; return: the lease's grant time (ms)
+local share = tonumber(ARGV[8]) -- take: permille cap of the grant
+local agent = ARGV[9]
+local seq = tonumber(ARGV[10])
+local injected = ARGV[11] ~= '' -- a test or simulator clock: no PEXPIRE, it is not wall time
+local record_keep = tonumber(ARGV[12])
+local max_records = tonumber(ARGV[13])
+local expiry_margin = tonumber(ARGV[14])
+
+local WHOLE = 1000 -- bucket.WholeShare
+local NEVER = -1 -- bucket.Never
+local REPLAYED, STALE = 1, 2
+
+-- floor(a / b) for integers 0 <= a <= 2^53 - 1 and 1 <= b <= 2^53 - 1, exactly. Float division
+-- rounds, and a quotient just below an integer could round up to it; the true quotient is
+-- representable and rounding is monotonic, so floor(a / b) is the true quotient or one more. One
+-- more makes q*b exceed a (a product past 2^53 rounds to at least 2^53, still above a), which
+-- a - q*b < 0 detects; otherwise q*b <= a is exact. (Under round-to-nearest, rounding up needs
+-- a >= 2^53 - 1, which no argument here reaches; the check keeps the helper exact regardless.)
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q = q - 1
+  elseif r >= b then
+    q = q + 1
+  end
+  return q
+end
+
+-- ceil(a / b) for 0 <= a, 1 <= b, without forming a + b - 1 (bucket.ceilDiv).
+local function ceil_div(a, b)
+  local q = idiv(a, b)
+  if q * b ~= a then -- q*b <= a: exact
+    q = q + 1
+  end
+  return q
+end
+
+-- The refill of 0 <= elapsed < fill ms on top of a remainder 0 <= frac < den (Limit.added):
+-- whole microtokens and the new remainder of (elapsed*num + frac) / den.
+local function added(elapsed, frac)
+  local q = idiv(elapsed, den)
+  local r = elapsed - q * den -- q*den <= elapsed
+  local t = r * num + frac -- r*num + frac < den*num + den = (num+1)*den <= 2^53 - 1
+  local w = idiv(t, den)
+  return q * num + w, -- q*num <= elapsed*num/den < capacity + num <= 2^53 - 1
+    t - w * den -- w*den <= t
+end
+
+-- ceil((amount*den - frac) / num) for 0 <= amount <= capacity, 0 <= frac < den, num > 0
+-- (Limit.timeForFrac): the ms until amount more microtokens are there.
+local function time_for(amount, frac)
+  local q = idiv(amount, num)
+  local r = amount - q * num -- q*num <= amount
+  local x = r * den - frac -- r*den < num*den <= 2^53 - 1; x > -den
+  if x >= 0 then
+    return q * den -- q*den <= amount*den/num <= capacity*den/num <= MaxFill = 2^45
+      + ceil_div(x, num)
+  end
+  return q * den - idiv(-x, num) -- the ceiling of a negative quotient
+end
+
+-- ceil(age * num / den) for 0 < age < fill (Limit.timeDecay).
+local function time_decay(age)
+  local q = idiv(age, den)
+  local r = age - q * den -- q*den <= age
+  return q * num -- q*num <= age*num/den < capacity + num <= 2^53 - 1
+    + ceil_div(r * num, den) -- r*num < den*num <= 2^53 - 1
+end
+
+local function int(x)
+  return string.format('%d', x)
+end
+
+-- now: the injected clock, or Redis TIME in milliseconds.
+local now
+if injected then
+  now = tonumber(ARGV[11])
+else
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000 -- seconds since 1970 * 1000 < 2^53 for another 285,000 years
+    + idiv(tonumber(time[2]), 1000)
+end
+
+local rec_field = nil
+if agent ~= '' then
+  rec_field = (op == 'take' and 'a:' or 'r:') .. agent
+end
+local h = redis.call('HMGET', key, 't', 'l', 'x', 'f', rec_field or 't')
+local tokens, last, expiry, frac = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4]) or 0
+local record = rec_field and h[5] or nil
+
+-- A key past its logical expiry is a full bucket with no records.
+if tokens and expiry and now >= expiry then
+  redis.call('DEL', key)
+  tokens, last, expiry, frac, record = nil, nil, nil, 0, nil
+end
+
+-- Idempotency: a repeat of the agent's last operation is answered from its record; an older
+-- operation is stale. Neither changes anything.
+if record then
+  local f = {}
+  for w in string.gmatch(record, '%S+') do
+    f[#f + 1] = tonumber(w)
+  end
+  if f[1] == seq then
+    if op == 'take' then
+      return {f[2], f[3], f[4], f[5], REPLAYED}
+    end
+    return {f[2], f[3], 0, f[4], REPLAYED}
+  elseif f[1] > seq then
+    return {0, tokens, 0, last, STALE}
+  end
+end
+
+if not tokens or not last then
+  tokens, last, frac = capacity, now, 0 -- bucket.Full
+end
+
+-- State.Refill: credit the time since last, capped at capacity, keeping the fraction of a
+-- microtoken for the next refill; a clock that went back credits nothing and leaves last where
+-- it was.
+local elapsed = now - last
+if elapsed > 0 then
+  last = now
+  if tokens >= capacity or num == 0 then
+    frac = 0 -- full, or never refills
+  elseif elapsed >= fill then -- clamp elapsed to the time to fill before multiplying
+    tokens, frac = capacity, 0
+  else
+    local add
+    add, frac = added(elapsed, frac)
+    tokens = tokens + add -- <= 2*capacity + num <= 2^53 - 1
+    if tokens >= capacity then
+      tokens, frac = capacity, 0
+    end
+  end
+end
+
+local granted, retry = 0, 0
+if op == 'take' then
+  -- State.TakeShare
+  if share < WHOLE then
+    local part = idiv(tokens, WHOLE) * share -- <= tokens*share/1000 <= tokens
+      + idiv((tokens - idiv(tokens, WHOLE) * WHOLE) * share, WHOLE) -- < 1000*1000
+    want = math.min(want, math.max(least, part))
+  end
+  if tokens >= least then
+    granted = math.min(want, tokens)
+    tokens = tokens - granted
+  elseif least > capacity or num == 0 then
+    retry = NEVER
+  else
+    retry = time_for(least - tokens, frac)
+  end
+else
+  -- State.Return: no lease exceeds the capacity, so neither does the credit; it decays by the
+  -- refill since the grant, rounded up, and is capped at what the bucket can hold.
+  local amount, granted_at = want, least
+  local credit = math.min(amount, capacity)
+  local age = last - granted_at
+  if age > 0 and num > 0 then
+    if age >= fill then
+      credit = 0
+    else
+      credit = credit - time_decay(age)
+    end
+  end
+  credit = math.max(0, math.min(credit, capacity - tokens))
+  tokens = tokens + credit
+  if tokens == capacity then
+    frac = 0
+  end
+  granted = credit
+end
+
+-- Expiry: once full (State.TimeToFull) plus the margin, the key is a full bucket again and needs
+-- no state. A bucket that is not full and never refills must persist.
+local has_expiry = tokens >= capacity or num > 0
+local fields = {'t', int(tokens), 'l', int(last), 'f', int(frac)}
+local new_expiry = 0
+if has_expiry then
+  local ttf = 0
+  if tokens < capacity then
+    ttf = time_for(capacity - tokens, frac)
+  end
+  new_expiry = last + ttf + expiry_margin -- last < 2^52, ttf <= 2^45
+  fields[#fields + 1] = 'x'
+  fields[#fields + 1] = int(new_expiry)
+end
+if rec_field then
+  fields[#fields + 1] = rec_field
+  if op == 'take' then
+    fields[#fields + 1] = string.format('%d %d %d %d %d', seq, granted, tokens, retry, last)
+  else
+    fields[#fields + 1] = string.format('%d %d %d %d', seq, granted, tokens, last)
+  end
+end
+redis.call('HSET', key, unpack(fields))
+if has_expiry then
+  if not injected then
+    redis.call('PEXPIRE', key, int(new_expiry - now)) -- >= expiry_margin: last >= now
+  end
+elseif expiry then
+  redis.call('HDEL', key, 'x')
+  if not injected then
+    redis.call('PERSIST', key)
+  end
+end
+
+-- Sweep: once the key holds more than max_records records, drop those older than record_keep on
+-- the key clock. The loop walks only this key's own fields: the records of agents active within
+-- record_keep plus at most max_records older ones.
+if rec_field then
+  local records = redis.call('HLEN', key) - 3 -- t, l, f
+  if has_expiry then
+    records = records - 1
+  end
+  if records > max_records then
+    local all = redis.call('HGETALL', key)
+    for i = 1, #all, 2 do
+      local prefix = string.sub(all[i], 1, 2)
+      if prefix == 'a:' or prefix == 'r:' then
+        local at = tonumber(string.match(all[i + 1], '(%S+)$'))
+        if last - at > record_keep then
+          redis.call('HDEL', key, all[i])
+        end
+      end
+    end
+  end
+end
+
+return {granted, tokens, retry, last, 0}

@@ -1,0 +1,499 @@
+package redisstore_test
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/bits"
+	"math/rand/v2"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/leasebucket/leasebucket/coordinator"
+	"github.com/leasebucket/leasebucket/coordinator/memstore"
+	"github.com/leasebucket/leasebucket/coordinator/redisstore"
+	"github.com/leasebucket/leasebucket/coordinator/storetest"
+	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/redistest"
+)
+
+const (
+	tok  = bucket.PerToken
+	day  = bucket.Millis(24 * 3600 * 1000)
+	year = 365 * day
+
+	// maxNow keeps the simulated clock well inside the 2^52 ms an injected clock may read.
+	maxNow = bucket.Millis(1) << 50
+)
+
+// extremes are the bucket shapes every differential sequence draws from, besides random ones.
+var extremes = []struct {
+	capacity, amount bucket.Micro
+	period           bucket.Millis
+}{
+	{1, 0, 0},            // one microtoken, never refills
+	{tok, 0, 0},          // one token, never refills
+	{tok, tok, 1},        // one token, a token per millisecond
+	{tok, 1, 1},          // one token, a microtoken per millisecond
+	{tok, tok, day},      // one token a day: 5 µ per 432 ms
+	{7, 5, 432},          // 7 µ
+	{10 * tok, tok, 100}, // the common case
+	{1_000_000_000 * tok, 1_000_000_000 * tok, day}, // 10^9 tokens a day
+	{1_000_000_000 * tok, tok, 1},                   // 10^9 tokens, a token per millisecond
+	{1_000_000_000 * tok, 0, 0},                     // 10^9 tokens, never refills
+	{1<<51 + 12345, 1<<40 + 1, 4095},                // num*den and 2*capacity near 2^52
+	{1<<52 - 1<<41, 1<<40 - 1, 4097},                // 2*capacity + num just below 2^53
+}
+
+// source yields the choices of one sequence: a seeded generator, or the bytes of a fuzz input.
+type source interface {
+	// n returns a number in [0, n) for n >= 1.
+	n(n uint64) uint64
+	// exhausted reports that a byte source has no more input.
+	exhausted() bool
+}
+
+type randSource struct{ r *rand.Rand }
+
+func (s randSource) n(n uint64) uint64 { return s.r.Uint64N(n) }
+func (s randSource) exhausted() bool   { return false }
+
+type byteSource struct{ b []byte }
+
+func (s *byteSource) n(n uint64) uint64 {
+	var buf [8]byte
+	k := (64 - bits.LeadingZeros64(n-1) + 7) / 8
+	k = copy(buf[:k], s.b)
+	s.b = s.b[k:]
+	return binary.LittleEndian.Uint64(buf[:]) % n
+}
+func (s *byteSource) exhausted() bool { return len(s.b) == 0 }
+
+// pick returns one of vals.
+func pick[T any](src source, vals ...T) T { return vals[src.n(uint64(len(vals)))] }
+
+// between returns a number in [lo, hi].
+func between[T ~int64](src source, lo, hi T) T {
+	if hi <= lo {
+		return lo
+	}
+	return lo + T(src.n(uint64(hi-lo)+1))
+}
+
+// drawLimit returns one of the extremes or, one time in three, a random representable limit.
+func drawLimit(src source) bucket.Limit {
+	if src.n(3) == 0 {
+		for range 4 {
+			capacity := bucket.Micro(between(src, 1, int64(1)<<between(src, 0, int64(52))))
+			amount := bucket.Micro(between(src, 0, int64(1)<<between(src, 0, int64(52))))
+			period := bucket.Millis(between(src, 1, int64(1)<<between(src, 0, int64(40))))
+			if l, err := bucket.NewLimit(capacity, amount, period); err == nil {
+				return l
+			}
+		}
+	}
+	e := extremes[src.n(uint64(len(extremes)))]
+	l, err := bucket.NewLimit(e.capacity, e.amount, e.period)
+	if err != nil {
+		panic(fmt.Sprintf("extreme limit %+v: %v", e, err))
+	}
+	return l
+}
+
+// diffRun drives one random sequence against both stores and compares every answer.
+type diffRun struct {
+	t        testing.TB
+	rdb      redis.UniversalClient
+	src      source
+	now      bucket.Millis
+	lua      *redisstore.Store
+	mem      *memstore.Store
+	keys     [2]string
+	limits   [2]bucket.Limit
+	agents   []string
+	maxBatch uint64
+	seqs     map[string]uint64 // last sequence number used per agent
+	granted  []bucket.Millis   // grant times seen, for Returns
+	log      []string          // the steps so far, printed on a mismatch
+	records  [2]int            // records held per key after the last step
+	prev     [2]memstore.Entry // each key after the last step
+	sweeps   int               // batches after which a key held fewer records (a sweep ran)
+}
+
+// fewAgents is the agent pool of most sequences: replays and stale operations are frequent.
+var fewAgents = []string{"a", "b", "agent-with-a-longer-name"}
+
+// crowd returns n agent names: enough for a key to hold more than MaxRecords records.
+func crowd(n int) []string {
+	agents := make([]string, n)
+	for i := range agents {
+		agents[i] = "agent-" + strconv.Itoa(i)
+	}
+	return agents
+}
+
+func newDiffRun(t testing.TB, rdb redis.UniversalClient, src source, prefix string, agents []string, maxBatch uint64) *diffRun {
+	d := &diffRun{t: t, rdb: rdb, src: src, seqs: map[string]uint64{}, agents: agents, maxBatch: maxBatch}
+	d.now = between(src, 0, bucket.Millis(1)<<41)
+	clock := func() bucket.Millis { return d.now }
+	d.lua = redisstore.New(rdb, redisstore.WithClock(clock))
+	d.mem = memstore.New(memstore.WithClock(clock))
+	d.limits[0] = drawLimit(src)
+	d.limits[1] = d.limits[0]
+	if src.n(2) == 0 {
+		d.limits[1] = drawLimit(src)
+	}
+	d.keys = [2]string{prefix + "/0", prefix + "/1"}
+	d.logf("start at %d, limits %v %v", d.now, d.limits[0], d.limits[1])
+	return d
+}
+
+func (d *diffRun) logf(format string, args ...any) {
+	d.log = append(d.log, fmt.Sprintf(format, args...))
+}
+
+func (d *diffRun) fail(format string, args ...any) {
+	d.t.Helper()
+	d.t.Fatalf("%s\nsteps:\n  %s", fmt.Sprintf(format, args...), strings.Join(d.log, "\n  "))
+}
+
+// run plays steps steps (or until a byte source runs dry), then compares the stored state.
+func (d *diffRun) run(steps int) {
+	d.t.Helper()
+	for range steps {
+		if d.src.exhausted() {
+			break
+		}
+		switch d.src.n(13) {
+		case 0, 1:
+			d.advance(between(d.src, 0, bucket.Millis(2000)))
+		case 2:
+			d.advance(-between(d.src, 1, bucket.Millis(1_000_000))) // the clock goes back
+		case 3:
+			d.advance(between(d.src, 0, 30*year))
+		case 4:
+			if len(d.granted) > 0 { // back to a grant time exactly
+				d.now = pick(d.src, d.granted...)
+				d.logf("clock = %d", d.now)
+			}
+		case 5:
+			d.advance(coordinator.RecordKeep + between(d.src, -2, bucket.Millis(2)))
+		case 6:
+			// To a key's logical expiry, or just before it.
+			if e, ok := d.mem.Lookup(pick(d.src, d.keys[0], d.keys[1])); ok && e.Expires {
+				d.now = min(e.Expiry-between(d.src, 0, bucket.Millis(1)), maxNow)
+				d.logf("clock = %d (expiry %d)", d.now, e.Expiry)
+			}
+		case 7, 8, 9:
+			d.takes()
+		default:
+			d.returns()
+		}
+		d.countRecords()
+	}
+	for i, key := range d.keys {
+		d.compareState(key, d.limits[i])
+	}
+}
+
+// countRecords notices a sweep: a key holding fewer records than after the last step although it
+// did not expire.
+func (d *diffRun) countRecords() {
+	for i, key := range d.keys {
+		e, ok := d.mem.Lookup(key)
+		n := len(e.Takes) + len(e.Returns)
+		p := d.prev[i]
+		expired := !ok || p.Expires && d.now >= p.Expiry
+		if n < d.records[i] && !expired {
+			d.sweeps++
+		}
+		d.records[i], d.prev[i] = n, e
+	}
+}
+
+func (d *diffRun) advance(by bucket.Millis) {
+	d.now = min(max(d.now+by, 0), maxNow)
+	d.logf("clock %+d = %d", by, d.now)
+}
+
+// op returns no OpID, or an agent's next, repeated, older or arbitrary sequence number.
+func (d *diffRun) op() coordinator.OpID {
+	if d.src.n(5) < 2 {
+		return coordinator.OpID{}
+	}
+	agent := pick(d.src, d.agents...)
+	last := d.seqs[agent]
+	var seq uint64
+	switch d.src.n(6) {
+	case 0, 1:
+		seq = last + 1
+	case 2:
+		seq = max(last, 1) // a retry
+	case 3:
+		seq = max(1, last-d.src.n(max(last, 1))) // older
+	case 4:
+		seq = last + 1 + d.src.n(1000)
+	default:
+		seq = 1 + d.src.n(bucket.MaxExact)
+	}
+	d.seqs[agent] = max(last, seq)
+	return coordinator.OpID{Agent: agent, Seq: seq}
+}
+
+func (d *diffRun) amount(capacity bucket.Micro) bucket.Micro {
+	switch d.src.n(5) {
+	case 0:
+		return 1
+	case 1:
+		return capacity
+	case 2:
+		return between(d.src, capacity, bucket.MaxExact/2)
+	default:
+		return between(d.src, 1, capacity)
+	}
+}
+
+func (d *diffRun) takes() {
+	d.t.Helper()
+	reqs := make([]coordinator.TakeRequest, 1+d.src.n(d.maxBatch))
+	for i := range reqs {
+		k := d.src.n(2)
+		l := d.limits[k]
+		want := d.amount(l.Capacity())
+		least := want
+		switch d.src.n(4) {
+		case 0:
+			least = 1
+		case 1:
+			least = between(d.src, 1, want)
+		case 2:
+			least = between(d.src, min(l.Capacity()+1, want), want) // often above the capacity
+		}
+		if d.src.n(20) == 0 {
+			least = 0 // invalid: both stores must reject it
+		}
+		share := int64(0)
+		if d.src.n(3) == 0 {
+			share = between(d.src, 1, int64(bucket.WholeShare))
+		}
+		reqs[i] = coordinator.TakeRequest{Key: d.keys[k], Limit: l, Want: want, Min: least, Share: share, Op: d.op()}
+	}
+	ctx := context.Background()
+	got, err := d.lua.Take(ctx, reqs)
+	if err != nil {
+		d.fail("redisstore Take: %v", err)
+	}
+	want, err := d.mem.Take(ctx, reqs)
+	if err != nil {
+		d.fail("memstore Take: %v", err)
+	}
+	for i, r := range reqs {
+		g, w := got[i], want[i]
+		d.logf("at %d: %s = %s", d.now, storetest.TakeString(r), storetest.TakeResultString(w))
+		if (g.Err == nil) != (w.Err == nil) || g.Err == nil && !sameTake(g, w) {
+			d.fail("at %d: %s = %s on Redis, want %s as memstore", d.now, storetest.TakeString(r),
+				storetest.TakeResultString(g), storetest.TakeResultString(w))
+		}
+		if g.Err == nil && g.Granted > 0 {
+			d.granted = append(d.granted, g.Now)
+		}
+	}
+}
+
+func (d *diffRun) returns() {
+	d.t.Helper()
+	reqs := make([]coordinator.ReturnRequest, 1+d.src.n(d.maxBatch))
+	for i := range reqs {
+		k := d.src.n(2)
+		l := d.limits[k]
+		at := d.now - between(d.src, 0, l.FillTime()+10)
+		if len(d.granted) > 0 && d.src.n(2) == 0 {
+			at = pick(d.src, d.granted...)
+		}
+		if d.src.n(10) == 0 {
+			at = between(d.src, 0, bucket.Millis(bucket.MaxExact/2)) // far in the past or the future
+		}
+		amount := d.amount(l.Capacity())
+		if d.src.n(6) == 0 {
+			amount = 0
+		}
+		reqs[i] = coordinator.ReturnRequest{Key: d.keys[k], Limit: l, Amount: amount, GrantedAt: max(at, 0), Op: d.op()}
+		if d.src.n(20) == 0 {
+			reqs[i].Amount = -1 // invalid
+		}
+	}
+	ctx := context.Background()
+	got, err := d.lua.Return(ctx, reqs)
+	if err != nil {
+		d.fail("redisstore Return: %v", err)
+	}
+	want, err := d.mem.Return(ctx, reqs)
+	if err != nil {
+		d.fail("memstore Return: %v", err)
+	}
+	for i, r := range reqs {
+		g, w := got[i], want[i]
+		d.logf("at %d: %s = %s", d.now, storetest.ReturnString(r), storetest.ReturnResultString(w))
+		if (g.Err == nil) != (w.Err == nil) || g.Err == nil && !sameReturn(g, w) {
+			d.fail("at %d: %s = %s on Redis, want %s as memstore", d.now, storetest.ReturnString(r),
+				storetest.ReturnResultString(g), storetest.ReturnResultString(w))
+		}
+	}
+}
+
+func sameTake(a, b coordinator.TakeResult) bool {
+	return a.Result == b.Result && a.Now == b.Now && a.Replayed == b.Replayed && a.Stale == b.Stale
+}
+
+func sameReturn(a, b coordinator.ReturnResult) bool {
+	return a.Result == b.Result && a.Now == b.Now && a.Replayed == b.Replayed && a.Stale == b.Stale
+}
+
+// compareState checks that the Redis hash holds what memstore holds for key.
+func (d *diffRun) compareState(key string, l bucket.Limit) {
+	d.t.Helper()
+	want, held := d.mem.Lookup(key)
+	fields, err := d.rdb.HGetAll(context.Background(), key).Result()
+	if err != nil {
+		d.fail("HGETALL %s: %v", key, err)
+	}
+	if !held {
+		if len(fields) != 0 {
+			d.fail("key %s: Redis holds %v, memstore nothing", key, fields)
+		}
+		return
+	}
+	got, err := parseHash(fields)
+	if err != nil {
+		d.fail("key %s: %v", key, err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		d.fail("key %s (%v): Redis holds %+v, memstore %+v", key, l, got, want)
+	}
+	if got.State.Tokens < 0 {
+		d.fail("key %s: negative tokens %d", key, got.State.Tokens)
+	}
+}
+
+// parseHash reads the script's key layout into memstore's view of a key.
+func parseHash(fields map[string]string) (memstore.Entry, error) {
+	e := memstore.Entry{Takes: map[string]memstore.TakeRecord{}, Returns: map[string]memstore.ReturnRecord{}}
+	for f, v := range fields {
+		nums, err := parseInts(v)
+		if err != nil {
+			return e, fmt.Errorf("field %s: %w", f, err)
+		}
+		switch {
+		case f == "t" && len(nums) == 1:
+			e.State.Tokens = bucket.Micro(nums[0])
+		case f == "l" && len(nums) == 1:
+			e.State.Last = bucket.Millis(nums[0])
+		case f == "f" && len(nums) == 1:
+			e.State.Frac = nums[0]
+		case f == "x" && len(nums) == 1:
+			e.Expiry, e.Expires = bucket.Millis(nums[0]), true
+		case strings.HasPrefix(f, "a:") && len(nums) == 5:
+			e.Takes[f[2:]] = memstore.TakeRecord{Seq: uint64(nums[0]), Granted: bucket.Micro(nums[1]),
+				Remaining: bucket.Micro(nums[2]), RetryAfter: bucket.Millis(nums[3]), Now: bucket.Millis(nums[4])}
+		case strings.HasPrefix(f, "r:") && len(nums) == 4:
+			e.Returns[f[2:]] = memstore.ReturnRecord{Seq: uint64(nums[0]), Credited: bucket.Micro(nums[1]),
+				Remaining: bucket.Micro(nums[2]), Now: bucket.Millis(nums[3])}
+		default:
+			return e, fmt.Errorf("unexpected field %s = %q", f, v)
+		}
+	}
+	return e, nil
+}
+
+// parseInts parses space-separated decimal integers, rejecting any other form (such as the
+// %.14g of Lua's tostring).
+func parseInts(s string) ([]int64, error) {
+	var out []int64
+	for w := range strings.FieldsSeq(s) {
+		n, err := strconv.ParseInt(w, 10, 64)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// TestDifferential plays thousands of random sequences on the Lua store and on memstore: every
+// answer and the final state of every key must be identical.
+func TestDifferential(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	sequences, steps := 3000, 30
+	if testing.Short() {
+		sequences = 300
+	}
+	const workers = 4
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				seed := next.Add(1)
+				if seed > int64(sequences) || t.Failed() {
+					return
+				}
+				src := randSource{rand.New(rand.NewPCG(uint64(seed), 0x1ea5eb0c7e7))}
+				d := newDiffRun(t, rdb, src, "diff/"+strconv.FormatInt(seed, 10), fewAgents, 3)
+				d.logf("seed %d", seed)
+				d.run(steps)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// TestDifferentialCrowded plays sequences where hundreds of agents use the same keys, so that
+// keys hold more than MaxRecords records and sweeps run.
+func TestDifferentialCrowded(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	sweeps := 0
+	for seed := range uint64(12) {
+		src := randSource{rand.New(rand.NewPCG(seed, 0xc20d))}
+		d := newDiffRun(t, rdb, src, "crowd/"+strconv.FormatUint(seed, 10), crowd(400), 40)
+		d.logf("seed %d", seed)
+		d.run(150)
+		sweeps += d.sweeps
+	}
+	if sweeps == 0 {
+		t.Fatal("no sequence swept records: the test does not reach the sweep")
+	}
+	t.Logf("%d sweeps observed", sweeps)
+}
+
+// FuzzDifferential decodes a sequence of operations from the input and plays it on both stores.
+func FuzzDifferential(f *testing.F) {
+	srv := redistest.Start(f)
+	rdb := srv.Client(f)
+	seeds := rand.New(rand.NewPCG(2, 3))
+	for i := range 24 {
+		b := make([]byte, 16+i*24)
+		for j := range b {
+			b[j] = byte(seeds.UintN(256))
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{})
+	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 0, 5, 5, 5, 5, 5, 5})
+	var runs atomic.Int64
+	f.Fuzz(func(t *testing.T, data []byte) {
+		prefix := "fuzz/" + strconv.FormatInt(runs.Add(1), 10)
+		agents := fewAgents
+		if len(data) > 0 && data[0] == 0xff {
+			agents = crowd(200)
+		}
+		newDiffRun(t, rdb, &byteSource{b: data}, prefix, agents, 3).run(200)
+	})
+}

@@ -1,0 +1,502 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/leasebucket/leasebucket/coordinator"
+	"github.com/leasebucket/leasebucket/coordinator/redisstore"
+	"github.com/leasebucket/leasebucket/coordinator/storetest"
+	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/redistest"
+)
+
+var _ coordinator.Store = (*redisstore.Store)(nil)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func ctx(t testing.TB) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func mustLimit(t testing.TB, capacity, amount bucket.Micro, period bucket.Millis) bucket.Limit {
+	t.Helper()
+	l, err := bucket.NewLimit(capacity, amount, period)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func TestConformance(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	storetest.Run(t, func(t *testing.T, clock func() bucket.Millis) coordinator.Store {
+		if err := rdb.FlushAll(ctx(t)).Err(); err != nil {
+			t.Fatal(err)
+		}
+		return redisstore.New(rdb, redisstore.WithClock(clock))
+	})
+}
+
+// TestKeyLayout checks the hash the script writes: integer fields in decimal, one record per agent
+// and kind, and a hash small enough for Redis' compact listpack encoding.
+func TestKeyLayout(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	now := bucket.Millis(1_700_000_000_000)
+	s := redisstore.New(rdb, redisstore.WithClock(func() bucket.Millis { return now }))
+	l := mustLimit(t, 1<<51+12345, 1<<40+1, 4095) // values near 2^52, beyond %.14g
+	take := coordinator.TakeRequest{Key: "k", Limit: l, Want: 1<<50 + 3, Min: 1, Op: coordinator.OpID{Agent: "agent-1", Seq: 1<<53 - 1}}
+	if res, err := s.Take(ctx(t), []coordinator.TakeRequest{take}); err != nil || res[0].Err != nil {
+		t.Fatalf("Take: %v %v", err, res)
+	}
+	now += 3
+	ret := coordinator.ReturnRequest{Key: "k", Limit: l, Amount: 5, GrantedAt: now - 3, Op: coordinator.OpID{Agent: "agent-1", Seq: 2}}
+	if res, err := s.Return(ctx(t), []coordinator.ReturnRequest{ret}); err != nil || res[0].Err != nil {
+		t.Fatalf("Return: %v %v", err, res)
+	}
+	got, err := rdb.HGetAll(ctx(t), "k").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same operations on internal/bucket give the values the hash must hold.
+	st := bucket.Full(l, now-3)
+	tr := st.Take(l, now-3, take.Want, take.Min)
+	rr := st.Return(l, now, ret.Amount, ret.GrantedAt)
+	ttf, _ := st.TimeToFull(l)
+	d := func(v int64) string { return strconv.FormatInt(v, 10) }
+	want := map[string]string{
+		"t":         d(int64(st.Tokens)),
+		"l":         d(int64(now)),
+		"f":         d(st.Frac),
+		"x":         d(int64(now + ttf + coordinator.ExpiryMargin)),
+		"a:agent-1": "9007199254740991 " + d(int64(tr.Granted)) + " " + d(int64(tr.Remaining)) + " 0 " + d(int64(now-3)),
+		"r:agent-1": "2 " + d(int64(rr.Granted)) + " " + d(int64(rr.Remaining)) + " " + d(int64(now)),
+	}
+	if st.Tokens < 1<<50 || ttf <= 0 {
+		t.Fatalf("test values too small: tokens %d, time to full %d", st.Tokens, ttf)
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("HGETALL k = %v, want %v", got, want)
+	}
+	// A typical key (token-sized numbers, short agent ids, a few agents) stays a listpack:
+	// Redis' defaults allow 128 fields of at most 64 bytes.
+	typical := mustLimit(t, 100*tok, 100*tok, 60_000)
+	for i := range 8 {
+		agent := coordinator.OpID{Agent: "node-" + strconv.Itoa(i) + ".eu-west-1", Seq: 123456}
+		_, err1 := s.Take(ctx(t), []coordinator.TakeRequest{{Key: "typical", Limit: typical, Want: 20 * tok, Min: tok, Op: agent}})
+		_, err2 := s.Return(ctx(t), []coordinator.ReturnRequest{{Key: "typical", Limit: typical, Amount: 7 * tok, GrantedAt: now, Op: agent}})
+		if err1 != nil || err2 != nil {
+			t.Fatal(err1, err2)
+		}
+	}
+	if enc, err := rdb.ObjectEncoding(ctx(t), "typical").Result(); err != nil || enc != "listpack" {
+		t.Fatalf("OBJECT ENCODING of a key with 16 records = %q, %v, want listpack", enc, err)
+	}
+	// An injected clock is not wall time: no Redis TTL.
+	if ttl, err := rdb.PTTL(ctx(t), "k").Result(); err != nil || ttl != -1 {
+		t.Fatalf("PTTL k with an injected clock = %v, %v, want none (-1)", ttl, err)
+	}
+}
+
+// TestRealClock checks Redis TIME as the clock and the PEXPIRE that lets Redis drop idle keys.
+func TestRealClock(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	s := redisstore.New(rdb)
+	l := mustLimit(t, 10*tok, tok, 100) // full again 100 ms after a one-token take
+	before := bucket.Millis(time.Now().UnixMilli())
+	res, err := s.Take(ctx(t), []coordinator.TakeRequest{{Key: "k", Limit: l, Want: tok, Min: tok}})
+	if err != nil || res[0].Err != nil {
+		t.Fatalf("Take: %v %v", err, res)
+	}
+	after := bucket.Millis(time.Now().UnixMilli())
+	if res[0].Now < before-1000 || res[0].Now > after+1000 {
+		t.Fatalf("Now = %d, want Redis TIME, near the wall clock [%d, %d]", res[0].Now, before, after)
+	}
+	pttl, err := rdb.PTTL(ctx(t), "k").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hi := time.Duration(100+coordinator.ExpiryMargin) * time.Millisecond
+	if pttl > hi || pttl < hi-5*time.Second {
+		t.Fatalf("PTTL after a Take = %v, want about time to full + ExpiryMargin = %v", pttl, hi)
+	}
+
+	// A bucket that never refills: no TTL once not full; ExpiryMargin while full.
+	margin := time.Duration(coordinator.ExpiryMargin) * time.Millisecond
+	once := mustLimit(t, 3*tok, 0, 0)
+	res, err = s.Take(ctx(t), []coordinator.TakeRequest{
+		{Key: "full", Limit: once, Want: 4 * tok, Min: 4 * tok}, // denied: stays full
+		{Key: "once", Limit: once, Want: 4 * tok, Min: 4 * tok},
+		{Key: "once", Limit: once, Want: tok, Min: tok},
+	})
+	if err != nil || res[0].Err != nil || res[2].Err != nil || res[2].Granted != tok {
+		t.Fatalf("Take: %v %v", err, res)
+	}
+	if pttl, err := rdb.PTTL(ctx(t), "full").Result(); err != nil || pttl > margin || pttl < margin-5*time.Second {
+		t.Fatalf("PTTL of a full bucket that never refills = %v, %v, want about %v", pttl, err, margin)
+	}
+	if pttl, err := rdb.PTTL(ctx(t), "once").Result(); err != nil || pttl != -1 {
+		t.Fatalf("PTTL of a used bucket that never refills = %v, %v, want none (-1)", pttl, err)
+	}
+	if x, err := rdb.HExists(ctx(t), "once", "x").Result(); err != nil || x {
+		t.Fatalf("HEXISTS once x = %v, %v, want false", x, err)
+	}
+}
+
+// tripCounter counts round trips (pipelines and single script commands) and script loads per node
+// address.
+type tripCounter struct {
+	mu    sync.Mutex
+	trips map[string]int
+	loads int
+}
+
+func newTripCounter() *tripCounter { return &tripCounter{trips: map[string]int{}} }
+
+func (c *tripCounter) hook(addr string) redis.Hook { return counterHook{c, addr} }
+
+// reset returns the counts so far and starts again from zero.
+func (c *tripCounter) reset() (trips map[string]int, loads int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	trips, loads = c.trips, c.loads
+	c.trips, c.loads = map[string]int{}, 0
+	return trips, loads
+}
+
+type counterHook struct {
+	c    *tripCounter
+	addr string
+}
+
+func (h counterHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h counterHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.c.mu.Lock()
+		switch cmd.Name() {
+		case "script":
+			h.c.loads++
+		case "evalsha", "eval":
+			h.c.trips[h.addr]++
+		}
+		h.c.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
+
+func (h counterHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.c.mu.Lock()
+		h.c.trips[h.addr]++
+		h.c.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+// TestNoScriptCostsOneExtraRoundTripOnce flushes the script cache: the next batch loads the script
+// and resends only the failed commands; the batch after it is one round trip again. Nothing is
+// charged twice. A batch of one is a single command rather than a pipeline, with the same rule.
+func TestNoScriptCostsOneExtraRoundTripOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	counter := newTripCounter()
+	rdb.AddHook(counter.hook(srv.Addr()))
+	s := redisstore.New(rdb)
+	l := mustLimit(t, 100*tok, 0, 0)
+	for _, n := range []int{3, 1} {
+		var batch []coordinator.TakeRequest
+		for i := range n {
+			key := strconv.Itoa(n) + "-" + strconv.Itoa(i)
+			batch = append(batch, coordinator.TakeRequest{Key: key, Limit: l, Want: tok, Min: tok})
+		}
+		// Warm up: the first pipeline also opens a connection, whose handshake is a pipeline too.
+		if _, err := s.Take(ctx(t), batch); err != nil {
+			t.Fatal(err)
+		}
+		for i, tc := range []struct {
+			flush       bool
+			trips, load int
+		}{{true, 2, 1}, {false, 1, 0}, {true, 2, 1}, {false, 1, 0}} {
+			if tc.flush {
+				if err := rdb.ScriptFlush(ctx(t)).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			counter.reset()
+			res, err := s.Take(ctx(t), batch)
+			if err != nil {
+				t.Fatalf("batch of %d, %d: %v", n, i, err)
+			}
+			for j, r := range res {
+				if r.Err != nil || r.Granted != tok || r.Remaining != bucket.Micro(98-i)*tok {
+					t.Fatalf("batch of %d, %d, item %d: %s, want one token granted, %d left", n, i, j, storetest.TakeResultString(r), 98-i)
+				}
+			}
+			trips, loads := counter.reset()
+			if trips[srv.Addr()] != tc.trips || loads != tc.load {
+				t.Fatalf("batch of %d, %d (script flushed: %v): %d round trips and %d loads, want %d and %d",
+					n, i, tc.flush, trips[srv.Addr()], loads, tc.trips, tc.load)
+			}
+		}
+	}
+}
+
+// TestWholeBatchFailure: an unreachable or hung Redis fails the batch, not its items.
+func TestWholeBatchFailure(t *testing.T) {
+	srv := redistest.Start(t)
+	o := srv.Options()
+	o.MaxRetries, o.ContextTimeoutEnabled, o.DialerRetries = -1, true, 1
+	rdb := redis.NewClient(o)
+	defer rdb.Close()
+	s := redisstore.New(rdb)
+	l := mustLimit(t, 10*tok, tok, 100)
+	reqs := []coordinator.TakeRequest{{Key: "a", Limit: l, Want: tok, Min: tok}, {Key: "b", Limit: l, Want: tok, Min: tok}}
+	if err := s.Load(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+
+	srv.Pause()
+	short, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	res, err := s.Take(short, reqs)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) || res != nil {
+		t.Fatalf("Take on a hung Redis = %v, %v, want context.DeadlineExceeded", res, err)
+	}
+	srv.Resume()
+
+	srv.Kill()
+	res, err = s.Take(ctx(t), reqs)
+	var ne *net.OpError
+	if !errors.As(err, &ne) || res != nil {
+		t.Fatalf("Take on a dead Redis = %v, %v, want a connection error", res, err)
+	}
+	if _, err := s.Return(ctx(t), []coordinator.ReturnRequest{{Key: "a", Limit: l, Amount: 1}}); !errors.As(err, &ne) {
+		t.Fatalf("Return on a dead Redis: %v, want a connection error", err)
+	}
+	// Invalid items are answered without Redis.
+	res, err = s.Take(ctx(t), []coordinator.TakeRequest{{Key: "a", Limit: l}})
+	if err != nil || !errors.Is(res[0].Err, coordinator.ErrInvalidRequest) {
+		t.Fatalf("Take of an invalid item on a dead Redis = %v, %v, want the item's ErrInvalidRequest", res, err)
+	}
+}
+
+// TestInjectedClockRange: a reading the script could not use exactly is refused.
+func TestInjectedClockRange(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, now := range []bucket.Millis{-1, 1<<52 + 1} {
+		s := redisstore.New(srv.Client(t), redisstore.WithClock(func() bucket.Millis { return now }))
+		l := mustLimit(t, 10*tok, tok, 100)
+		if _, err := s.Take(ctx(t), []coordinator.TakeRequest{{Key: "a", Limit: l, Want: 1, Min: 1}}); err == nil {
+			t.Errorf("Take with the clock at %d: no error", now)
+		}
+	}
+}
+
+// raceTakes runs 64 goroutines over the clients, each taking one token at a time from one bucket
+// of 100 tokens that never refills, until denied. Exactly 100 tokens are granted, and every
+// remaining count from 99 down to 0 is seen exactly once: the script serializes the key.
+func raceTakes(t *testing.T, clients []redis.UniversalClient, key string) {
+	l := mustLimit(t, 100*tok, 0, 0)
+	var granted atomic.Int64
+	var mu sync.Mutex
+	seen := map[bucket.Micro]int{}
+	var wg sync.WaitGroup
+	for g := range 64 {
+		s := redisstore.New(clients[g%len(clients)])
+		wg.Go(func() {
+			req := []coordinator.TakeRequest{{Key: key, Limit: l, Want: tok, Min: tok}}
+			for {
+				res, err := s.Take(context.Background(), req)
+				if err == nil {
+					err = res[0].Err
+				}
+				if err != nil {
+					t.Errorf("Take: %v", err)
+					return
+				}
+				r := res[0]
+				if r.Remaining < 0 {
+					t.Errorf("remaining %d µ: negative", r.Remaining)
+				}
+				if r.Granted == 0 {
+					if r.RetryAfter != bucket.Never {
+						t.Errorf("denied with retry %d, want Never", r.RetryAfter)
+					}
+					return
+				}
+				granted.Add(int64(r.Granted))
+				mu.Lock()
+				seen[r.Remaining]++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if got := granted.Load(); got != int64(100*tok) {
+		t.Fatalf("granted %d µ in total, want exactly %d", got, 100*tok)
+	}
+	for i := range 100 {
+		if n := seen[bucket.Micro(i)*tok]; n != 1 {
+			t.Fatalf("remaining %d tokens seen %d times, want once", i, n)
+		}
+	}
+}
+
+func TestAtomicStandalone(t *testing.T) {
+	srv := redistest.Start(t)
+	clients := make([]redis.UniversalClient, 4)
+	for i := range clients {
+		clients[i] = srv.Client(t)
+	}
+	raceTakes(t, clients, "hot")
+}
+
+// TestCluster runs the atomicity race on a 3-master cluster, shows that a batch whose keys live on
+// every master costs one round trip per master, and that a master down fails only its keys.
+func TestCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	t.Run("Atomic", func(t *testing.T) {
+		clients := make([]redis.UniversalClient, 4)
+		for i := range clients {
+			clients[i] = cl.Client(t)
+		}
+		raceTakes(t, clients, "hot")
+	})
+
+	counter := newTripCounter()
+	o := cl.Options()
+	o.MaxRedirects, o.DialerRetries = 1, 1 // a dead node fails fast
+	o.NewClient = func(o *redis.Options) *redis.Client {
+		c := redis.NewClient(o)
+		c.AddHook(counter.hook(o.Addr))
+		return c
+	}
+	cc := redis.NewClusterClient(o)
+	defer cc.Close()
+	s := redisstore.New(cc)
+	l := mustLimit(t, 10*tok, 0, 0)
+
+	// 30 keys spread over the three masters.
+	var reqs []coordinator.TakeRequest
+	perMaster := map[string]int{}
+	owner := map[string]*redistest.Server{}
+	for i := range 30 {
+		key := "tenant-" + strconv.Itoa(i)
+		m := cl.MasterForKey(key)
+		owner[key] = m
+		perMaster[m.Addr()]++
+		reqs = append(reqs, coordinator.TakeRequest{Key: key, Limit: l, Want: tok, Min: tok})
+	}
+	if len(perMaster) != 3 {
+		t.Fatalf("30 keys on %d masters, want 3: %v", len(perMaster), perMaster)
+	}
+
+	t.Run("OneRoundTripPerMaster", func(t *testing.T) {
+		// Warm up: the first pipeline to a node also opens a connection, whose handshake is a
+		// pipeline too. Then empty the script caches: the next batch meets NOSCRIPT everywhere.
+		if _, err := s.Take(ctx(t), reqs); err != nil {
+			t.Fatal(err)
+		}
+		if err := cc.ScriptFlush(ctx(t)).Err(); err != nil {
+			t.Fatal(err)
+		}
+		for i, wantLoads := range []int{1, 0} {
+			counter.reset()
+			res, err := s.Take(ctx(t), reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j, r := range res {
+				if r.Err != nil || r.Granted != tok || r.Remaining != bucket.Micro(8-i)*tok {
+					t.Fatalf("batch %d %s = %s, want one token, %d left", i, storetest.TakeString(reqs[j]), storetest.TakeResultString(r), 8-i)
+				}
+			}
+			trips, loads := counter.reset()
+			for addr := range perMaster {
+				if want := 1 + wantLoads; trips[addr] != want {
+					t.Errorf("batch %d: master %s saw %d round trips, want %d", i, addr, trips[addr], want)
+				}
+			}
+			if loads != 3*wantLoads { // one SCRIPT LOAD per master
+				t.Errorf("batch %d: %d script loads, want %d", i, loads, 3*wantLoads)
+			}
+			t.Logf("batch %d: 30 keys, round trips per node %v, script loads %d", i, trips, loads)
+		}
+	})
+
+	t.Run("MasterDown", func(t *testing.T) {
+		down := cl.MasterForKey(reqs[0].Key)
+		down.Kill()
+		res, err := s.Take(ctx(t), reqs)
+		if err != nil {
+			t.Fatalf("a batch with one master down: %v, want per-item errors", err)
+		}
+		for j, r := range res {
+			onDown := owner[reqs[j].Key] == down
+			if onDown != (r.Err != nil) || !onDown && r.Granted != tok {
+				t.Errorf("%s on %s (down: %v) = %s", storetest.TakeString(reqs[j]), owner[reqs[j].Key].Addr(), onDown, storetest.TakeResultString(r))
+			}
+		}
+		// A batch whose keys all live on the dead master failed as a whole.
+		var onDown []coordinator.TakeRequest
+		for _, r := range reqs {
+			if owner[r.Key] == down {
+				onDown = append(onDown, r)
+			}
+		}
+		if res, err := s.Take(ctx(t), onDown); err == nil {
+			t.Fatalf("a batch on the dead master only = %v, want an error", res)
+		}
+	})
+}
+
+// TestSentinelFailover takes from a bucket through a Sentinel failover client, kills the master,
+// and takes again once the replica is promoted: the bucket's state followed the failover.
+func TestSentinelFailover(t *testing.T) {
+	sn := redistest.StartSentinel(t)
+	o := sn.Options()
+	o.DialerRetries = 1
+	rdb := redis.NewFailoverClient(o)
+	defer rdb.Close()
+	s := redisstore.New(rdb)
+	l := mustLimit(t, 10*tok, 0, 0)
+	take := []coordinator.TakeRequest{{Key: "k", Limit: l, Want: 3 * tok, Min: tok}}
+	if res, err := s.Take(ctx(t), take); err != nil || res[0].Err != nil || res[0].Remaining != 7*tok {
+		t.Fatalf("Take = %v, %v, want 3 tokens granted, 7 left", res, err)
+	}
+	if err := rdb.Do(ctx(t), "wait", 1, 5000).Err(); err != nil { // the replica has the write
+		t.Fatal(err)
+	}
+	sn.Master().Kill()
+	deadline := time.Now().Add(45 * time.Second)
+	for {
+		res, err := s.Take(ctx(t), take)
+		if err == nil && res[0].Err == nil {
+			if res[0].Remaining != 4*tok {
+				t.Fatalf("Take after failover = %s, want 3 tokens granted, 4 left", storetest.TakeResultString(res[0]))
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no Take succeeded 45 s after the master was killed: %v %v", err, res)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	sn.WaitMaster(sn.Node(1)) // every sentinel names the old replica
+}
