@@ -25,9 +25,10 @@ test: redis ## Format check, go vet and the whole suite under the race detector,
 	$(GO) test -race -count=1 -timeout 9m ./...
 
 .PHONY: bench
-bench: redis ## Benchmarks; figures in bench/latest.txt.
+bench: redis ## Benchmarks; figures in bench/latest.txt and bench/latest.json (format: docs/coordinator.md).
 	@mkdir -p bench
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./... | tee bench/latest.txt
+	$(GO) run ./internal/tools/benchjson -o bench/latest.json bench/latest.txt
 
 .PHONY: lint
 lint: ## go vet, golangci-lint and buf lint.

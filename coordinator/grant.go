@@ -18,8 +18,8 @@ type Plan struct {
 	TTL   time.Duration
 }
 
-// ErrCostAboveCapacity: the minimum of a request exceeds the bucket's capacity; no wait can
-// satisfy it.
+// ErrCostAboveCapacity is PlanGrant's error when the minimum of a request exceeds the bucket's
+// capacity: no wait can satisfy it (the service answers DENIED, retry never).
 var ErrCostAboveCapacity = errors.New("coordinator: cost above the bucket's capacity")
 
 // PlanGrant is the grant rule (docs/leases.md). It is a pure function of the bucket's limit and
@@ -43,7 +43,9 @@ func PlanGrant(limit bucket.Limit, want, least, demand bucket.Micro) (Plan, erro
 		return Plan{}, fmt.Errorf("%w: min %d µ, capacity %d µ", ErrCostAboveCapacity, least, capacity)
 	}
 	ttl := lease.TTL(limit)
-	justified := lease.Want(demand, ttl, least, capacity)
+	// lease.Want multiplies demand/1000 by up to 3·10^4 ms: clamp what an agent reports so the
+	// product stays far below 2^63 (any demand this large justifies the whole capacity anyway).
+	justified := lease.Want(min(demand, bucket.MaxExact), ttl, least, capacity)
 	w := min(max(want, least), capacity)
 	w = min(w, max(least, 2*justified))
 	return Plan{Want: w, Min: least, Share: lease.Share, TTL: ttl}, nil

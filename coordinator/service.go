@@ -1,21 +1,29 @@
 package coordinator
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"time"
 
+	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
-	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
 	"github.com/leasebucket/leasebucket/policy"
+	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
 )
 
 // MaxItems bounds the items of one Acquire or Return: a batch is one pipelined store round trip.
 const MaxItems = 1024
+
+// maxVersion bounds a policy version (the policy file allows 64 characters): an unknown version is
+// echoed in the error, which must stay small.
+const maxVersion = 64
 
 // KeepVersions is how many policy versions a coordinator answers for: the current one and the
 // ones before it, so agents that have not reloaded yet during a roll-out keep working.
@@ -25,15 +33,38 @@ const KeepVersions = 4
 // holds no bucket state. The simulator calls the same methods in process.
 type Service struct {
 	coordinatorv1.UnimplementedCoordinatorServiceServer
-	store Store
+	store        Store
+	metrics      *Metrics
+	log          *zap.Logger
+	storeTimeout time.Duration
 
 	mu       sync.RWMutex
 	versions []*policy.Set // newest first, at most KeepVersions
 }
 
+// Option configures a Service.
+type Option func(*Service)
+
+// WithMetrics records the service's counters and latencies in m.
+func WithMetrics(m *Metrics) Option { return func(s *Service) { s.metrics = m } }
+
+// WithLogger logs store failures (their causes, which clients never see) to log.
+func WithLogger(log *zap.Logger) Option { return func(s *Service) { s.log = log } }
+
+// WithStoreTimeout bounds each store batch: a batch not answered within d fails as a whole with
+// STORE_UNAVAILABLE (or per item), so an agent applies its failure mode instead of waiting for
+// its own deadline. Zero (the default) leaves only the caller's deadline.
+func WithStoreTimeout(d time.Duration) Option { return func(s *Service) { s.storeTimeout = d } }
+
 // NewService returns a Service over store answering for set.
-func NewService(store Store, set *policy.Set) *Service {
-	s := &Service{store: store}
+func NewService(store Store, set *policy.Set, opts ...Option) *Service {
+	s := &Service{store: store, log: zap.NewNop()}
+	for _, o := range opts {
+		o(s)
+	}
+	if s.log == nil {
+		s.log = zap.NewNop()
+	}
 	s.SetPolicy(set)
 	return s
 }
@@ -49,6 +80,7 @@ func (s *Service) SetPolicy(set *policy.Set) {
 		}
 	}
 	s.versions = kept
+	s.metrics.setPolicy(set.Version())
 }
 
 // Policy is the current policy.
@@ -106,6 +138,8 @@ func (s *Service) validate(agent string, seq uint64, version string, items int) 
 		return nil, status.Error(codes.InvalidArgument, "seq must be in 1..2^53-1")
 	case items > MaxItems:
 		return nil, status.Errorf(codes.InvalidArgument, "at most %d items per call", MaxItems)
+	case len(version) > maxVersion:
+		return nil, status.Errorf(codes.InvalidArgument, "policy_version longer than %d bytes", maxVersion)
 	}
 	set := s.policy(version)
 	if set == nil {
@@ -115,16 +149,21 @@ func (s *Service) validate(agent string, seq uint64, version string, items int) 
 }
 
 // Acquire debits the global buckets of many keys in one store round trip and grants leases.
+// Items whose reference the policy does not hold, malformed items and a second item on a key
+// already in the batch (it would be answered from the first one's idempotency record) are
+// rejected per item without touching the store.
 func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest) (*coordinatorv1.AcquireResponse, error) {
 	set, err := s.validate(req.AgentId, req.Seq, req.PolicyVersion, len(req.Items))
 	if err != nil {
 		return nil, err
 	}
+	s.metrics.batchSize(methodAcquire, len(req.Items))
 	op := OpID{Agent: req.AgentId, Seq: req.Seq}
 	results := make([]*coordinatorv1.AcquireResult, len(req.Items))
 	plans := make([]Plan, len(req.Items))
-	var takes []TakeRequest
-	var at []int // takes[j] answers item at[j]
+	takes := make([]TakeRequest, 0, len(req.Items))
+	at := make([]int, 0, len(req.Items)) // takes[j] answers item at[j]
+	var seen keySet
 	for i, it := range req.Items {
 		res := resolve(set, it.Bucket)
 		if res.status != coordinatorv1.Status_STATUS_UNSPECIFIED {
@@ -132,29 +171,55 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 			continue
 		}
 		p, err := PlanGrant(res.limits.Bucket, bucket.Micro(it.WantMicro), bucket.Micro(it.MinMicro), bucket.Micro(it.DemandMicroPerSecond))
-		if err != nil {
+		if errors.Is(err, ErrCostAboveCapacity) {
+			// No wait can satisfy it: denied for good, nothing charged.
+			results[i] = &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_DENIED,
+				RetryAfterMs: int64(bucket.Never), Scarce: true}
+			continue
+		}
+		t := TakeRequest{Key: res.key, Limit: res.limits.Bucket, Want: p.Want, Min: p.Min, Share: p.Share, Op: op}
+		if err != nil || t.Validate() != nil || !seen.add(res.key) {
 			results[i] = &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_INVALID}
 			continue
 		}
 		plans[i] = p
-		takes = append(takes, TakeRequest{Key: res.key, Limit: res.limits.Bucket, Want: p.Want, Min: p.Min, Share: p.Share, Op: op})
+		takes = append(takes, t)
 		at = append(at, i)
 	}
 	if len(takes) > 0 {
-		out, err := s.store.Take(ctx, takes)
-		if err != nil {
-			return nil, storeError(ctx, err)
+		sctx, cancel := s.storeContext(ctx)
+		start := time.Now()
+		out, err := s.store.Take(sctx, takes)
+		cancel()
+		if err == nil && len(out) != len(takes) {
+			err = fmt.Errorf("coordinator: store answered %d of %d takes", len(out), len(takes))
 		}
+		s.metrics.store(methodAcquire, time.Since(start), err)
+		if err != nil {
+			return nil, s.storeError(ctx, "acquire", err)
+		}
+		var itemErr error
 		for j, r := range out {
 			i := at[j]
 			results[i] = acquireResult(plans[i], takes[j].Limit, r)
+			if r.Err != nil && !errors.Is(r.Err, ErrInvalidRequest) {
+				s.metrics.storeItemError(methodAcquire)
+				itemErr = cmp.Or(itemErr, r.Err)
+			}
+			s.metrics.granted(r)
 		}
+		s.logItemError("acquire", itemErr)
+	}
+	for _, r := range results {
+		s.metrics.item(methodAcquire, r.Status)
 	}
 	return &coordinatorv1.AcquireResponse{Results: results}, nil
 }
 
 func acquireResult(p Plan, limit bucket.Limit, r TakeResult) *coordinatorv1.AcquireResult {
 	switch {
+	case errors.Is(r.Err, ErrInvalidRequest):
+		return &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_INVALID}
 	case r.Err != nil:
 		return &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_STORE_UNAVAILABLE}
 	case r.Stale:
@@ -180,57 +245,130 @@ func acquireResult(p Plan, limit bucket.Limit, r TakeResult) *coordinatorv1.Acqu
 }
 
 // Return credits back unspent tokens of leases (decayed by the refill since their grant).
+// Rejections per item are those of Acquire.
 func (s *Service) Return(ctx context.Context, req *coordinatorv1.ReturnRequest) (*coordinatorv1.ReturnResponse, error) {
 	set, err := s.validate(req.AgentId, req.Seq, req.PolicyVersion, len(req.Items))
 	if err != nil {
 		return nil, err
 	}
+	s.metrics.batchSize(methodReturn, len(req.Items))
 	op := OpID{Agent: req.AgentId, Seq: req.Seq}
 	results := make([]*coordinatorv1.ReturnResult, len(req.Items))
-	var rets []ReturnRequest
-	var at []int
+	rets := make([]ReturnRequest, 0, len(req.Items))
+	at := make([]int, 0, len(req.Items))
+	var seen keySet
 	for i, it := range req.Items {
 		res := resolve(set, it.Bucket)
-		switch {
-		case res.status != coordinatorv1.Status_STATUS_UNSPECIFIED:
+		if res.status != coordinatorv1.Status_STATUS_UNSPECIFIED {
 			results[i] = &coordinatorv1.ReturnResult{Status: res.status}
 			continue
-		case it.UnspentMicro < 0 || it.GrantedAtMs < 0:
+		}
+		r := ReturnRequest{
+			Key: res.key, Limit: res.limits.Bucket,
+			Amount: bucket.Micro(it.UnspentMicro), GrantedAt: bucket.Millis(it.GrantedAtMs), Op: op,
+		}
+		if r.Validate() != nil || !seen.add(res.key) {
 			results[i] = &coordinatorv1.ReturnResult{Status: coordinatorv1.Status_STATUS_INVALID}
 			continue
 		}
-		rets = append(rets, ReturnRequest{
-			Key: res.key, Limit: res.limits.Bucket,
-			Amount: bucket.Micro(it.UnspentMicro), GrantedAt: bucket.Millis(it.GrantedAtMs), Op: op,
-		})
+		rets = append(rets, r)
 		at = append(at, i)
 	}
 	if len(rets) > 0 {
-		out, err := s.store.Return(ctx, rets)
-		if err != nil {
-			return nil, storeError(ctx, err)
+		sctx, cancel := s.storeContext(ctx)
+		start := time.Now()
+		out, err := s.store.Return(sctx, rets)
+		cancel()
+		if err == nil && len(out) != len(rets) {
+			err = fmt.Errorf("coordinator: store answered %d of %d returns", len(out), len(rets))
 		}
+		s.metrics.store(methodReturn, time.Since(start), err)
+		if err != nil {
+			return nil, s.storeError(ctx, "return", err)
+		}
+		var itemErr error
 		for j, r := range out {
 			res := &coordinatorv1.ReturnResult{Status: coordinatorv1.Status_STATUS_OK, CreditedMicro: int64(r.Granted), Replayed: r.Replayed}
 			switch {
+			case errors.Is(r.Err, ErrInvalidRequest):
+				res = &coordinatorv1.ReturnResult{Status: coordinatorv1.Status_STATUS_INVALID}
 			case r.Err != nil:
 				res = &coordinatorv1.ReturnResult{Status: coordinatorv1.Status_STATUS_STORE_UNAVAILABLE}
+				s.metrics.storeItemError(methodReturn)
+				itemErr = cmp.Or(itemErr, r.Err)
 			case r.Stale:
 				res = &coordinatorv1.ReturnResult{Status: coordinatorv1.Status_STATUS_STALE}
+			default:
+				s.metrics.returned(r, rets[j].Amount)
 			}
 			results[at[j]] = res
 		}
+		s.logItemError("return", itemErr)
+	}
+	for _, r := range results {
+		s.metrics.item(methodReturn, r.Status)
 	}
 	return &coordinatorv1.ReturnResponse{Results: results}, nil
 }
 
-// storeError maps a whole-batch store failure to the gRPC status agents turn into failure modes.
-// The status carries a generic message (no store address or shard reaches a client); the cause
-// is kept for the server's log through StoreCause.
-func storeError(ctx context.Context, err error) error {
+// storeContext is ctx bounded by the store timeout, if one is set.
+func (s *Service) storeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.storeTimeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.storeTimeout)
+}
+
+// logItemError logs the first per-key store failure of a batch (the response says only
+// STATUS_STORE_UNAVAILABLE).
+func (s *Service) logItemError(op string, err error) {
+	if err != nil {
+		s.log.Warn("store failed for some keys of a batch", zap.String("op", op), zap.Error(err))
+	}
+}
+
+// keySet detects a key that occurs twice in one batch: a linear scan while the batch is small,
+// a map beyond.
+type keySet struct {
+	keys []string
+	m    map[string]struct{}
+}
+
+// linearKeys is the batch size up to which a scan beats hashing every key.
+const linearKeys = 16
+
+// add reports whether key was new, and records it.
+func (k *keySet) add(key string) bool {
+	if k.m == nil {
+		if slices.Contains(k.keys, key) {
+			return false
+		}
+		if len(k.keys) < linearKeys {
+			k.keys = append(k.keys, key)
+			return true
+		}
+		k.m = make(map[string]struct{}, 2*linearKeys)
+		for _, x := range k.keys {
+			k.m[x] = struct{}{}
+		}
+	}
+	if _, dup := k.m[key]; dup {
+		return false
+	}
+	k.m[key] = struct{}{}
+	return true
+}
+
+// storeError maps a whole-batch store failure to the gRPC status agents turn into failure modes:
+// the caller's own cancellation or deadline as such, anything else (including the store timeout)
+// as UNAVAILABLE with reason STORE_UNAVAILABLE. The status carries a generic message (no store
+// address or shard reaches a client); the cause is logged and kept for StoreCause.
+func (s *Service) storeError(ctx context.Context, op string, err error) error {
 	if ctx.Err() != nil {
+		s.log.Debug("store batch abandoned by the caller", zap.String("op", op), zap.Error(err))
 		return status.FromContextError(ctx.Err()).Err()
 	}
+	s.log.Warn("store failed for a whole batch", zap.String("op", op), zap.Error(err))
 	return &storeFailure{status: coordinatorv1.StoreUnavailableError(), cause: err}
 }
 

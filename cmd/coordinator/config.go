@@ -1,0 +1,280 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+
+	"github.com/leasebucket/leasebucket/coordinator"
+	"github.com/leasebucket/leasebucket/policy"
+)
+
+// envPrefix + the flag's name in upper case with '-' as '_' is the environment variable that
+// sets a flag (LEASEBUCKET_REDIS_ADDRS for --redis-addrs). A flag on the command line wins.
+const envPrefix = "LEASEBUCKET_"
+
+// Secrets come from the environment or a file, never from a flag: command lines are visible to
+// every user of the host.
+const (
+	envRedisPassword         = "LEASEBUCKET_REDIS_PASSWORD"
+	envRedisSentinelPassword = "LEASEBUCKET_REDIS_SENTINEL_PASSWORD"
+)
+
+// defaultStoreTimeout bounds a store batch: far above a Redis round trip within a region (a
+// millisecond or two, tens under a latency spike), and below the agents' call timeout (500 ms by
+// default), so that a slow store reaches the agent as STORE_UNAVAILABLE and not as its own
+// deadline.
+const defaultStoreTimeout = 300 * time.Millisecond
+
+// Store kinds.
+const (
+	storeMemory = "memory"
+	storeRedis  = "redis"
+)
+
+// config is everything the command line and the environment say.
+type config struct {
+	listen        string
+	metricsListen string
+	policyFile    string
+	policyPoll    time.Duration
+
+	store           string
+	storeTimeout    time.Duration
+	healthInterval  time.Duration
+	shutdownTimeout time.Duration
+
+	tlsCert, tlsKey, tlsClientCA string
+
+	redis redisConfig
+
+	logLevel zapcore.Level
+}
+
+// redisConfig is how to reach Redis.
+type redisConfig struct {
+	addrs                []string
+	cluster              bool
+	masterName           string
+	user, password       string
+	sentinelUser         string
+	sentinelPassword     string
+	db                   int
+	tls                  bool
+	tlsCA                string
+	tlsCert, tlsKey      string
+	tlsServerName        string
+	dialTimeout, timeout time.Duration
+	poolSize             int
+}
+
+const usageHeader = `coordinator: the leasebucket lease service in front of Redis.
+
+It grants agents leases on global token buckets: each Acquire debits the buckets of a batch of
+keys atomically in Redis (one pipelined round trip per node) and each Return credits unspent
+tokens back. It holds no bucket state itself, so any number of replicas serve the same keys.
+
+Usage:
+  coordinator --policy FILE [flags]
+
+Store: --redis-addrs selects Redis (one address: standalone; several: Cluster seeds; with
+--redis-master-name: the Sentinels of that master). Without it the buckets live in this
+process's memory (--store=memory), which is right for a single coordinator only.
+
+Every flag can also be set by the environment variable shown beside it; a flag on the command
+line wins. Secrets are read from the environment or a file only:
+  ` + envRedisPassword + `            password of the Redis user (or --redis-password-file)
+  ` + envRedisSentinelPassword + `   password of the Sentinels (or --redis-sentinel-password-file)
+
+Health: the gRPC health service (grpc.health.v1, for "" and "` + "%s" + `")
+is SERVING only while the store answers a probe every --health-interval.
+Shutdown: on SIGINT or SIGTERM the coordinator reports NOT_SERVING, refuses new calls, finishes
+the calls in flight and exits; calls still running after --shutdown-timeout are cancelled.
+
+Flags:
+`
+
+// flags is the FlagSet and where its values land.
+type flags struct {
+	fs                *flag.FlagSet
+	cfg               config
+	redisAddrs        string
+	redisPassFile     string
+	redisSentPassFile string
+	logLevel          string
+}
+
+func newFlags(stderr io.Writer) *flags {
+	f := &flags{fs: flag.NewFlagSet("coordinator", flag.ContinueOnError)}
+	fs, c := f.fs, &f.cfg
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.listen, "listen", ":7070", "gRPC listen `address` of the CoordinatorService and the health service")
+	fs.StringVar(&c.metricsListen, "metrics-listen", ":7071", "HTTP listen `address` of Prometheus /metrics; empty disables it")
+	fs.StringVar(&c.policyFile, "policy", "", "policy `file` (YAML; required), reloaded when it changes")
+	fs.DurationVar(&c.policyPoll, "policy-poll", policy.DefaultPollInterval, "how often the policy file is checked for changes")
+	fs.StringVar(&c.store, "store", "", "bucket store `kind`: redis or memory (default: redis when --redis-addrs is set, else memory)")
+	fs.DurationVar(&c.storeTimeout, "store-timeout", defaultStoreTimeout, "bound on one store batch; a batch not answered in time fails with STORE_UNAVAILABLE (keep it below the agents' call timeout)")
+	fs.DurationVar(&c.healthInterval, "health-interval", coordinator.DefaultProbeInterval, "how often the store is probed for the health status")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", coordinator.DefaultShutdownTimeout, "bound on the graceful shutdown")
+	fs.StringVar(&c.tlsCert, "tls-cert", "", "server certificate `file` (PEM); serves TLS when set")
+	fs.StringVar(&c.tlsKey, "tls-key", "", "server private key `file` (PEM)")
+	fs.StringVar(&c.tlsClientCA, "tls-client-ca", "", "CA `file` (PEM) of agents' client certificates: requires mutual TLS")
+	fs.StringVar(&f.redisAddrs, "redis-addrs", "", "comma-separated Redis `addresses` (host:port): one for standalone, several for Cluster, the Sentinels with --redis-master-name")
+	fs.BoolVar(&c.redis.cluster, "redis-cluster", false, "treat a single --redis-addrs address as a Redis Cluster seed")
+	fs.StringVar(&c.redis.masterName, "redis-master-name", "", "Sentinel master `name`: --redis-addrs are then the Sentinels")
+	fs.StringVar(&c.redis.user, "redis-user", "", "Redis ACL `user` (default: the default user)")
+	fs.StringVar(&f.redisPassFile, "redis-password-file", "", "`file` holding the Redis password (instead of "+envRedisPassword+")")
+	fs.StringVar(&c.redis.sentinelUser, "redis-sentinel-user", "", "ACL `user` of the Sentinels")
+	fs.StringVar(&f.redisSentPassFile, "redis-sentinel-password-file", "", "`file` holding the Sentinels' password (instead of "+envRedisSentinelPassword+")")
+	fs.IntVar(&c.redis.db, "redis-db", 0, "Redis database `number` (standalone and Sentinel only)")
+	fs.BoolVar(&c.redis.tls, "redis-tls", false, "connect to Redis (and the Sentinels) over TLS; implied by the other --redis-tls-* flags")
+	fs.StringVar(&c.redis.tlsCA, "redis-tls-ca", "", "CA `file` (PEM) to verify Redis' certificate (default: the system's roots)")
+	fs.StringVar(&c.redis.tlsCert, "redis-tls-cert", "", "client certificate `file` (PEM) for Redis servers that require one")
+	fs.StringVar(&c.redis.tlsKey, "redis-tls-key", "", "client private key `file` (PEM)")
+	fs.StringVar(&c.redis.tlsServerName, "redis-tls-server-name", "", "`name` expected in Redis' certificate (default: the host of each address)")
+	fs.DurationVar(&c.redis.dialTimeout, "redis-dial-timeout", time.Second, "bound on connecting to a Redis node")
+	fs.DurationVar(&c.redis.timeout, "redis-timeout", time.Second, "bound on one Redis read or write (the batch's --store-timeout applies too)")
+	fs.IntVar(&c.redis.poolSize, "redis-pool-size", 0, "connections per Redis node (default: go-redis', 10 per CPU)")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn or error (JSON lines on stderr)")
+	fs.Usage = func() { f.usage(stderr) }
+	return f
+}
+
+// envName is the environment variable of a flag.
+func envName(flagName string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// usage prints the header and every flag with its environment variable and default.
+func (f *flags) usage(w io.Writer) {
+	fmt.Fprintf(w, usageHeader, coordinator.HealthService)
+	f.fs.VisitAll(func(fl *flag.Flag) {
+		name, help := flag.UnquoteUsage(fl)
+		line := "  --" + fl.Name
+		if name != "" {
+			line += " " + name
+		}
+		def := ""
+		if fl.DefValue != "" && fl.DefValue != "false" && fl.DefValue != "0" {
+			def = fmt.Sprintf(", default %s", fl.DefValue)
+		}
+		fmt.Fprintf(w, "%s  (%s%s)\n      %s\n", line, envName(fl.Name), def, help)
+	})
+}
+
+// parseConfig reads the environment, then the command line, and checks the result. It returns
+// flag.ErrHelp when help was asked for (after printing it).
+func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
+	f := newFlags(stderr)
+	var envErr error
+	f.fs.VisitAll(func(fl *flag.Flag) {
+		if v := getenv(envName(fl.Name)); v != "" && envErr == nil {
+			if err := f.fs.Set(fl.Name, v); err != nil {
+				envErr = fmt.Errorf("%s=%q: %w", envName(fl.Name), v, err)
+			}
+		}
+	})
+	if envErr != nil {
+		return nil, envErr
+	}
+	if err := f.fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if f.fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q (see --help)", f.fs.Args())
+	}
+	c := &f.cfg
+	if err := c.logLevel.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	for a := range strings.SplitSeq(f.redisAddrs, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			c.redis.addrs = append(c.redis.addrs, a)
+		}
+	}
+	var err error
+	if c.redis.password, err = secret(getenv, envRedisPassword, "--redis-password-file", f.redisPassFile); err != nil {
+		return nil, err
+	}
+	if c.redis.sentinelPassword, err = secret(getenv, envRedisSentinelPassword, "--redis-sentinel-password-file", f.redisSentPassFile); err != nil {
+		return nil, err
+	}
+	r := &c.redis
+	r.tls = r.tls || r.tlsCA != "" || r.tlsCert != "" || r.tlsKey != "" || r.tlsServerName != ""
+	if c.store == "" {
+		c.store = storeMemory
+		if len(r.addrs) > 0 {
+			c.store = storeRedis
+		}
+	}
+	return c, c.check()
+}
+
+// check rejects contradictory or incomplete settings.
+func (c *config) check() error {
+	r := &c.redis
+	redisSet := len(r.addrs) > 0 || r.cluster || r.masterName != "" || r.user != "" || r.password != "" ||
+		r.sentinelUser != "" || r.sentinelPassword != "" || r.db != 0 || r.tls
+	switch {
+	case c.policyFile == "":
+		return errors.New("--policy is required (or " + envName("policy") + ")")
+	case c.store != storeMemory && c.store != storeRedis:
+		return fmt.Errorf("--store=%q: want redis or memory", c.store)
+	case c.store == storeMemory && redisSet:
+		return errors.New("--store=memory does not use Redis: remove the Redis settings or use --store=redis")
+	case c.store == storeRedis && len(r.addrs) == 0:
+		return errors.New("--store=redis needs --redis-addrs")
+	case r.masterName != "" && r.cluster:
+		return errors.New("--redis-master-name (Sentinel) and --redis-cluster exclude each other")
+	case r.db != 0 && (r.cluster || (r.masterName == "" && len(r.addrs) > 1)):
+		return errors.New("--redis-db: a Redis Cluster has only database 0")
+	case r.db < 0:
+		return fmt.Errorf("--redis-db=%d must not be negative", r.db)
+	case r.poolSize < 0:
+		return fmt.Errorf("--redis-pool-size=%d must not be negative", r.poolSize)
+	case (r.tlsCert == "") != (r.tlsKey == ""):
+		return errors.New("--redis-tls-cert and --redis-tls-key go together")
+	case (c.tlsCert == "") != (c.tlsKey == ""):
+		return errors.New("--tls-cert and --tls-key go together")
+	case c.tlsClientCA != "" && c.tlsCert == "":
+		return errors.New("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
+	case c.listen == "":
+		return errors.New("--listen must not be empty")
+	}
+	for name, d := range map[string]time.Duration{
+		"--policy-poll": c.policyPoll, "--store-timeout": c.storeTimeout, "--health-interval": c.healthInterval,
+		"--shutdown-timeout": c.shutdownTimeout, "--redis-dial-timeout": r.dialTimeout, "--redis-timeout": r.timeout,
+	} {
+		if d <= 0 {
+			return fmt.Errorf("%s=%v must be positive", name, d)
+		}
+	}
+	return nil
+}
+
+// secret reads a secret from the environment variable env or from file (never both), without
+// the trailing newline editors and `echo` leave.
+func secret(getenv func(string) string, env, fileFlag, file string) (string, error) {
+	v := getenv(env)
+	switch {
+	case v != "" && file != "":
+		return "", fmt.Errorf("%s and %s are both set: use one", env, fileFlag)
+	case file == "":
+		return v, nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", fileFlag, err)
+	}
+	s := strings.TrimRight(string(b), "\r\n")
+	if s == "" {
+		return "", fmt.Errorf("%s: %s is empty", fileFlag, file)
+	}
+	return s, nil
+}

@@ -1,0 +1,209 @@
+// Command coordinator runs the leasebucket coordinator: the stateless lease service in front of
+// Redis. `coordinator --help` lists its flags and environment variables; docs/coordinator.md
+// describes how to run it.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/leasebucket/leasebucket/coordinator"
+	"github.com/leasebucket/leasebucket/coordinator/memstore"
+	"github.com/leasebucket/leasebucket/coordinator/redisstore"
+	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/tlsconfig"
+	"github.com/leasebucket/leasebucket/policy"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "coordinator:", err)
+		os.Exit(1)
+	}
+}
+
+const (
+	// sweepInterval is how often the memory store drops expired keys: memory stays bounded by
+	// the keys used within their time to fill plus coordinator.ExpiryMargin (two minutes), and a
+	// sweep of even a million keys takes milliseconds.
+	sweepInterval = 30 * time.Second
+
+	// loadTimeout bounds loading the bucket script into Redis at start. A failure is not fatal:
+	// the first batch loads it.
+	loadTimeout = 5 * time.Second
+
+	// metricsShutdown bounds the metrics server's shutdown after the gRPC server stopped.
+	metricsShutdown = 5 * time.Second
+)
+
+// run is the coordinator: it serves until ctx is done, then shuts down gracefully. Logs go to
+// stderr as JSON lines; so do the usage and flag errors.
+func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	cfg, err := parseConfig(args, getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	log := newLogger(stderr, cfg.logLevel)
+	defer func() { _ = log.Sync() }()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := coordinator.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+
+	var svc *coordinator.Service // set before the watcher starts
+	watcher, err := policy.NewWatcher(cfg.policyFile, policy.WatchOptions{
+		Interval: cfg.policyPoll, Logger: log, Registerer: reg,
+		OnChange: func(_, set *policy.Set) { svc.SetPolicy(set) },
+	})
+	if err != nil {
+		return err
+	}
+	defer watcher.Close()
+
+	store, probe, closeStore, err := openStore(cfg, log, reg)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+
+	svc = coordinator.NewService(store, watcher.Current(), coordinator.WithMetrics(metrics),
+		coordinator.WithLogger(log), coordinator.WithStoreTimeout(cfg.storeTimeout))
+	watcher.Start()
+
+	var serverTLS *tls.Config
+	if cfg.tlsCert != "" {
+		if serverTLS, err = tlsconfig.Server(cfg.tlsCert, cfg.tlsKey, cfg.tlsClientCA); err != nil {
+			return err
+		}
+	}
+	lis, err := net.Listen("tcp", cfg.listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	defer func() { _ = lis.Close() }() // on the early returns; Serve closes it otherwise
+
+	if cfg.metricsListen != "" {
+		stopMetrics, err := serveMetrics(cfg.metricsListen, reg, log)
+		if err != nil {
+			return err
+		}
+		defer stopMetrics()
+	}
+
+	srv := coordinator.NewServer(svc, coordinator.ServerOptions{
+		TLS: serverTLS, Logger: log, Metrics: metrics, Probe: probe,
+		ProbeInterval: cfg.healthInterval, ProbeTimeout: cfg.storeTimeout,
+		ShutdownTimeout: cfg.shutdownTimeout,
+	})
+	return srv.Serve(ctx, lis)
+}
+
+// newLogger writes JSON lines at level or above to w, sampled so that an outage logging every
+// failed batch does not flood it (per message and second: the first 100, then every 100th).
+func newLogger(w io.Writer, level zapcore.Level) *zap.Logger {
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.Lock(zapcore.AddSync(w)), level)
+	core = zapcore.NewSamplerWithOptions(core, time.Second, 100, 100)
+	return zap.New(core, zap.AddCaller())
+}
+
+// openStore opens the configured store. probe is nil for the memory store (it always answers);
+// closeStore releases the store's connections or goroutine.
+func openStore(cfg *config, log *zap.Logger, reg prometheus.Registerer) (store coordinator.Store, probe func(context.Context) error, closeStore func(), err error) {
+	if cfg.store == storeMemory {
+		mem := memstore.New()
+		done := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			t := time.NewTicker(sweepInterval)
+			defer t.Stop()
+			for {
+				select {
+				case <-done:
+					return
+				case now := <-t.C:
+					if n := mem.Sweep(bucket.Millis(now.UnixMilli())); n > 0 {
+						log.Debug("memory store swept expired keys", zap.Int("keys", n), zap.Int("held", mem.Len()))
+					}
+				}
+			}
+		})
+		log.Info("store: memory (this coordinator holds the buckets; run a single replica)")
+		return mem, nil, func() { close(done); wg.Wait() }, nil
+	}
+
+	opts, err := redisOptions(cfg.redis)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	redis.SetLogger(redisLog{log.Named("go-redis")})
+	client := redis.NewUniversalClient(opts)
+	rm, err := newRedisMetrics(reg)
+	if err != nil {
+		_ = client.Close()
+		return nil, nil, nil, err
+	}
+	rm.install(client)
+	rs := redisstore.New(client)
+	ctx, cancel := context.WithTimeout(context.Background(), loadTimeout)
+	defer cancel()
+	if err := rs.Load(ctx); err != nil {
+		log.Warn("could not load the bucket script into Redis at start; the first batch will", zap.Error(err))
+	}
+	log.Info("store: redis", zap.String("topology", redisKind(client, cfg.redis.masterName)), zap.Strings("addrs", cfg.redis.addrs),
+		zap.String("master_name", cfg.redis.masterName), zap.Bool("tls", opts.TLSConfig != nil),
+		zap.String("user", cfg.redis.user))
+	return rs, redisProbe(client), func() { _ = client.Close() }, nil
+}
+
+// serveMetrics serves Prometheus /metrics on addr until the returned function stops it.
+func serveMetrics(addr string, reg *prometheus.Registry, log *zap.Logger) (stop func(), err error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listen: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped", zap.Error(err))
+		}
+	}()
+	log.Info("metrics serving", zap.String("addr", lis.Addr().String()))
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), metricsShutdown)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-done
+	}, nil
+}

@@ -1,0 +1,188 @@
+package coordinator_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/leasebucket/leasebucket/coordinator"
+	"github.com/leasebucket/leasebucket/coordinator/memstore"
+	"github.com/leasebucket/leasebucket/coordinator/redisstore"
+	"github.com/leasebucket/leasebucket/internal/redistest"
+	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
+)
+
+// batchSizes are the Acquire batches benchmarked: one key, and the batches of a busy agent.
+var batchSizes = []int{1, 10, 100}
+
+// benchItems is a batch of n distinct keys of the "big" rule, which never runs dry: every item
+// is a grant.
+func benchItems(n int) []*coordinatorv1.AcquireItem {
+	items := make([]*coordinatorv1.AcquireItem, n)
+	for i := range items {
+		items[i] = item(ref("big", fmt.Sprintf("tenant-%03d", i)), tok, tok)
+	}
+	return items
+}
+
+// roundTrips counts the client's trips to Redis: one per command sent alone, one per pipeline.
+type roundTrips struct{ n atomic.Int64 }
+
+func (h *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// cpuTime is the CPU time (user and system) this process has used: the coordinator and, in
+// these benchmarks, its clients too.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkAcquireRedis measures Acquire through the gRPC service on loopback TCP against a real
+// Redis, with concurrent agents. Metrics: grants/s (key-grants per second), grants/cpu-s
+// (key-grants per second of CPU of this process, which runs the agents' gRPC clients as well:
+// a lower bound of what one coordinator core serves) and round-trips/grant (Redis round trips
+// counted by a go-redis hook). ns/op is per batch.
+func BenchmarkAcquireRedis(b *testing.B) {
+	srv := redistest.Start(b)
+	set := mustPolicy(b, "bench")
+	// seq grows across every run of every sub-benchmark: the agents' names repeat from run to run
+	// (so keys hold a bounded number of idempotency records), and a seq that went back would be stale.
+	var seq atomic.Int64
+	for _, n := range batchSizes {
+		b.Run(fmt.Sprintf("batch=%d", n), func(b *testing.B) {
+			c := redis.NewClient(srv.Options())
+			defer c.Close()
+			trips := &roundTrips{}
+			c.AddHook(trips)
+			store := redisstore.New(c)
+			if err := store.Load(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			r := startReplica(b, coordinator.NewService(store, set, coordinator.WithStoreTimeout(5*time.Second)),
+				coordinator.ServerOptions{Logger: zap.NewNop()})
+			items := benchItems(n)
+			var agents, grants atomic.Int64
+			if err := c.ConfigResetStat(context.Background()).Err(); err != nil {
+				b.Fatal(err)
+			}
+			trips.n.Store(0)
+			cpu := cpuTime(b)
+			b.ReportAllocs()
+			b.SetParallelism(8) // agents in flight per GOMAXPROCS: enough to keep Redis and the server busy
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				agent := fmt.Sprintf("bench-agent-%d", agents.Add(1))
+				for pb.Next() {
+					resp, err := r.client.Acquire(context.Background(),
+						acquire(agent, uint64(seq.Add(1)), "bench", items...))
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					for _, res := range resp.Results {
+						if res.Status != coordinatorv1.Status_STATUS_OK {
+							b.Errorf("item: %v", res)
+							return
+						}
+					}
+					grants.Add(int64(len(resp.Results)))
+				}
+			})
+			b.StopTimer()
+			reportGrants(b, grants.Load(), cpuTime(b)-cpu)
+			b.ReportMetric(float64(trips.n.Load())/float64(grants.Load()), "round-trips/grant")
+			b.ReportMetric(scriptMicros(b, c)/float64(grants.Load()), "redis-µs/grant")
+			r.stop()
+		})
+	}
+}
+
+// BenchmarkAcquireMemory measures Acquire in process on the memory store (the embedded
+// default and the simulator's path): the service's own cost per batch, without gRPC or Redis.
+func BenchmarkAcquireMemory(b *testing.B) {
+	set := mustPolicy(b, "bench")
+	for _, n := range batchSizes {
+		b.Run(fmt.Sprintf("batch=%d", n), func(b *testing.B) {
+			svc := coordinator.NewService(memstore.New(), set)
+			req := acquire("bench-agent", 0, "bench", benchItems(n)...)
+			ctx := context.Background()
+			var grants int64
+			cpu := cpuTime(b)
+			b.ReportAllocs()
+			for b.Loop() {
+				req.Seq++
+				resp, err := svc.Acquire(ctx, req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, res := range resp.Results {
+					if res.Status != coordinatorv1.Status_STATUS_OK {
+						b.Fatalf("item: %v", res)
+					}
+				}
+				grants += int64(len(resp.Results))
+			}
+			reportGrants(b, grants, cpuTime(b)-cpu)
+		})
+	}
+}
+
+// scriptMicros is the time Redis spent in the bucket script since its last CONFIG RESETSTAT
+// (INFO commandstats), in microseconds: Redis' own CPU cost, which bounds the grants one Redis
+// (or one Cluster shard) serves per second.
+func scriptMicros(b *testing.B, c *redis.Client) float64 {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for line := range strings.SplitSeq(info, "\r\n") {
+		name, stats, ok := strings.Cut(line, ":")
+		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
+			continue
+		}
+		for kv := range strings.SplitSeq(stats, ",") {
+			if v, ok := strings.CutPrefix(kv, "usec="); ok {
+				n, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					b.Fatalf("%s: %v", line, err)
+				}
+				total += n
+			}
+		}
+	}
+	return total
+}
+
+func reportGrants(b *testing.B, grants int64, cpu time.Duration) {
+	if grants == 0 {
+		b.Fatal("no grants")
+	}
+	b.ReportMetric(float64(grants)/b.Elapsed().Seconds(), "grants/s")
+	b.ReportMetric(float64(grants)/cpu.Seconds(), "grants/cpu-s")
+}
