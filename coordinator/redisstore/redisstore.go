@@ -264,13 +264,11 @@ func (s *Store) send(ctx context.Context, calls []call, only []int, source bool)
 	}
 }
 
-// batchErr is the error of the whole batch: a context done, or a failure of every call that is
-// not a Redis reply (every node unreachable). Redis error replies and failures of some calls
-// belong to their items.
+// batchErr is the error of the whole batch: a failure of every call that is not a Redis reply
+// (every node unreachable, or the context done before any answered). Redis error replies and
+// failures of some calls belong to their items: when one Cluster node hangs until the deadline,
+// the keys of the nodes that answered keep their results (they were applied).
 func batchErr(ctx context.Context, calls []call) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
 	var first error
 	for _, c := range calls {
 		err := c.cmd.Err()
@@ -281,6 +279,12 @@ func batchErr(ctx context.Context, calls []call) error {
 		if first == nil {
 			first = err
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		if first == nil {
+			return err
+		}
+		return fmt.Errorf("%w: %w", err, first)
 	}
 	// A client with ContextTimeoutEnabled sets the context's deadline on its sockets: the socket
 	// can time out a moment before the context reports it.
