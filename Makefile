@@ -24,11 +24,19 @@ test: redis ## Format check, go vet and the whole suite under the race detector,
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 9m ./...
 
+.PHONY: run
+run: ## Run a local coordinator (in-memory store) and an agent with examples/policy.yaml; Ctrl-C stops both.
+	@scripts/run-local.sh
+
 .PHONY: bench
 bench: redis ## Benchmarks; figures in bench/latest.txt and bench/latest.json (format: docs/coordinator.md).
 	@mkdir -p bench
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./... | tee bench/latest.txt
 	$(GO) run ./internal/tools/benchjson -o bench/latest.json bench/latest.txt
+
+.PHONY: sim
+sim: ## Run the shipped simulation scenarios (examples/sim); report with plots in out/sim/report.md.
+	$(GO) run ./cmd/sim -out out/sim examples/sim/*.yaml
 
 .PHONY: lint
 lint: ## go vet, golangci-lint and buf lint.

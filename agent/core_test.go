@@ -200,8 +200,12 @@ func BenchmarkCheckParallel(b *testing.B) {
 					tenant = fmt.Sprintf("t%d", parallelKey.Add(1))
 				}
 				q := Query{Tenant: tenant, Path: "/api/orders", Operation: "GET"}
-				l.Check(0, q)
-				grantAll(b, l, 0, bucket.MaxExact/4)
+				// Another goroutine may have taken this key's refill and not applied it yet: wait
+				// for it rather than count its Wait as a failure.
+				for v, _ := l.Check(0, q); v.Outcome == Wait; v, _ = l.Check(0, q) {
+					grantAll(b, l, 0, bucket.MaxExact/4)
+					<-v.Ready()
+				}
 				for pb.Next() {
 					if v, _ := l.Check(1, q); v.Outcome != Allow {
 						b.Error(v.Outcome)

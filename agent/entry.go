@@ -24,8 +24,8 @@ type entry struct {
 	expires     atomic.Int64 // clock.Nanos: the current lease is usable while now < expires
 	lowWater    atomic.Int64 // µ: below this, refill ahead of need
 	deniedUntil atomic.Int64 // clock.Nanos: the coordinator denied; answer locally until then
-	// remaining is the global bucket's level after this agent's last grant, in µ (for the
-	// remaining count a response carries).
+	// remaining is the global bucket's level after this agent's last grant plus the prefetched
+	// lease, in µ (for the remaining count a response carries, with the current lease's tokens).
 	remaining atomic.Int64
 	refilling atomic.Bool // a refill is queued or in flight
 	touched   atomic.Bool // used since the eviction hand last passed (CLOCK)
@@ -104,6 +104,18 @@ func (e *entry) installLocked(l grant) {
 	e.expires.Store(int64(l.expires))
 	e.tokens.Store(int64(l.tokens))
 	e.lowWater.Store(int64(l.tokens) * lease.LowWater / 1000)
+}
+
+// setNextLocked replaces the prefetched lease. remaining counts the prefetched lease (it is this
+// agent's until it is installed or returned), so it changes by the difference. e.mu is held.
+func (e *entry) setNextLocked(n grant) {
+	e.remaining.Add(int64(n.tokens - e.next.tokens))
+	e.next = n
+}
+
+// cost is one request of the entry's route, in µ (the rule's cost for the route's operation).
+func (e *entry) cost() bucket.Micro {
+	return bucket.Micro(e.view.set.Cost(e.view.set.RouteByID(e.route))) * bucket.PerToken
 }
 
 // usableLocked reports whether the current lease can serve cost at now.

@@ -50,9 +50,8 @@ type Limiter struct {
 	seq  atomic.Uint64
 
 	qmu     sync.Mutex
-	queue   []*entry      // entries waiting for a refill
-	returns []returnItem  // retired leases waiting to be returned
-	retired map[*view]int // closed views with leases still out, for diagnostics
+	queue   []*entry     // entries waiting for a refill
+	returns []returnItem // retired leases waiting to be returned
 
 	stats Stats
 }
@@ -120,13 +119,13 @@ type Query struct {
 type Outcome uint8
 
 const (
-	// Allow: go ahead.
+	// Allow means go ahead.
 	Allow Outcome = iota + 1
-	// Deny: over the limit (429).
+	// Deny means over the limit (429).
 	Deny
-	// Unavailable: the global state is unreachable and the rule fails closed (503).
+	// Unavailable means the global state is unreachable and the rule fails closed (503).
 	Unavailable
-	// Wait: no usable lease; a refill is in flight. Wait on Verdict.Ready, then check again (or,
+	// Wait means no usable lease; a refill is in flight. Wait on Verdict.Ready, then check again (or,
 	// past the caller's patience, call Fallback).
 	Wait
 )
@@ -264,7 +263,7 @@ func (l *Limiter) promoteLocked(now clock.Nanos, e *entry) bool {
 		return false
 	}
 	n := e.next
-	e.next = grant{}
+	e.setNextLocked(grant{})
 	l.retireLocked(e)
 	if now >= n.expires {
 		l.queueReturn(e, n.tokens, n.grantedAt)
@@ -367,6 +366,7 @@ type Stats struct {
 	GrantedMicro   atomic.Uint64 // µ granted
 	Denials        atomic.Uint64 // refills denied by the global bucket
 	ItemFailures   atomic.Uint64 // items failed by the store or the policy
+	Returns        atomic.Uint64 // leases sent back in Returns
 	ReturnedMicro  atomic.Uint64 // µ sent back in Returns
 	CreditedMicro  atomic.Uint64 // µ the coordinators credited
 	LostMicro      atomic.Uint64 // µ of Returns that failed

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"math/bits"
 	"time"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
@@ -52,8 +53,9 @@ func (l *Limiter) NextAcquire(now clock.Nanos) *Refill {
 		sentAt:  now,
 	}
 	for _, e := range batch {
-		if e.view != v || e.dead.Load() {
-			// A stale view's entry: release its waiters, who will check against the current view.
+		if e.view != v || e.dead.Load() || v.closed.Load() {
+			// A stale view's entry, or the Limiter is closed (an entry inserted by a Check racing
+			// Close): release its waiters, who check again against the current view.
 			e.mu.Lock()
 			e.refilling.Store(false)
 			e.wakeLocked()
@@ -61,19 +63,39 @@ func (l *Limiter) NextAcquire(now clock.Nanos) *Refill {
 			continue
 		}
 		e.mu.Lock()
-		min := max(e.wantMin, bucket.Micro(v.set.Cost(v.set.RouteByID(e.route)))*bucket.PerToken)
-		e.wantMin = 0
-		want := lease.Want(l.sampleDemandLocked(now, e), e.ttl(), min, e.lim.Bucket.Capacity())
-		if e.scarce {
-			want = max(min, want/2)
+		if e.next.tokens > 0 && e.wantMin == 0 {
+			// A prefetch while the lease prefetched last time still waits to be installed (the
+			// next check does that): asking again would only add a lease that sits unused, or
+			// replace and return that one. The next prefetch comes from its low water.
+			e.refilling.Store(false)
+			e.wakeLocked()
+			e.mu.Unlock()
+			continue
 		}
+		cost := e.cost()
+		least := max(e.wantMin, cost)
+		e.wantMin = 0
+		var share bucket.Micro = -1
+		if e.grantedAt != 0 { // the bucket's level has been reported (read before the sample moves sampledAt)
+			share = shareCapLocked(now, e)
+		}
+		want := lease.Want(l.sampleDemandLocked(now, e), e.ttl(), least, e.lim.Bucket.Capacity())
+		if e.scarce {
+			want = want / 2
+		}
+		if share >= 0 {
+			want = min(want, share)
+		}
+		// Whole requests: a lease that is a multiple of the route's cost is spent to zero, so it
+		// needs no Return (one store operation less per lease).
+		want = max(least, want-want%cost)
 		demand := e.demand
 		e.mu.Unlock()
 		r.entries = append(r.entries, e)
 		r.Req.Items = append(r.Req.Items, &coordinatorv1.AcquireItem{
 			Bucket:               l.ref(v, e),
 			WantMicro:            int64(want),
-			MinMicro:             int64(min),
+			MinMicro:             int64(least),
 			DemandMicroPerSecond: int64(demand),
 		})
 	}
@@ -93,7 +115,7 @@ func (l *Limiter) sampleDemandLocked(now clock.Nanos, e *entry) bucket.Micro {
 	level := bucket.Micro(e.tokens.Load()) + e.next.tokens
 	if e.sampled {
 		used := max(0, e.acct-level)
-		rate := used * bucket.Micro(time.Second) / bucket.Micro(max(now-e.sampledAt, minSample))
+		rate := perSecond(used, max(now-e.sampledAt, minSample))
 		if e.demand == 0 {
 			e.demand = rate
 		} else {
@@ -102,6 +124,46 @@ func (l *Limiter) sampleDemandLocked(now clock.Nanos, e *entry) bucket.Micro {
 	}
 	e.acct, e.sampledAt, e.sampled = level, now, true
 	return e.demand
+}
+
+// maxDemand bounds a demand estimate (µ per second) where lease.Want expects it: a key's demand
+// beyond 2^52 µ/s asks for its whole capacity anyway.
+const maxDemand = bucket.MaxExact / 2
+
+// perSecond is used µ over elapsed as µ per second, at most maxDemand. The product used·10^9
+// passes 2^63 once a key spends 9,223 tokens between two samples (a hot key does), hence 128 bits.
+func perSecond(used bucket.Micro, elapsed clock.Nanos) bucket.Micro {
+	hi, lo := bits.Mul64(uint64(used), uint64(time.Second))
+	if hi >= uint64(elapsed) {
+		return maxDemand
+	}
+	q, _ := bits.Div64(hi, lo, uint64(elapsed))
+	return bucket.Micro(min(q, uint64(maxDemand)))
+}
+
+// shareCapLocked is what the coordinator's share rule (lease.Share of the global level) would
+// grant now, as this agent last saw the bucket: the level its last answer reported, plus the
+// refill since that Acquire was sent (sampledAt), at most the capacity. Asking for no more than
+// that, in whole requests, keeps grants whole: a grant cut by the share to a fraction of a request
+// strands that fraction while the bucket, short of it, denies. Other agents make the view stale;
+// a fraction that still comes is handed back at once (grantLocked).
+func shareCapLocked(now clock.Nanos, e *entry) bucket.Micro {
+	lim := e.lim.Bucket
+	level := max(0, bucket.Micro(e.remaining.Load())-e.next.tokens)
+	if lim.Refills() {
+		elapsed := max(0, int64((now-e.sampledAt)/clock.Nanos(time.Millisecond)))
+		if elapsed >= int64(lim.FillTime()) {
+			level = lim.Capacity()
+		} else {
+			// elapsed·num/den < FillTime·num/den ≈ capacity: the quotient fits; the product may
+			// not, hence 128 bits.
+			num, den := lim.Rate()
+			hi, lo := bits.Mul64(uint64(elapsed), uint64(num))
+			added, _ := bits.Div64(hi, lo, uint64(den))
+			level += bucket.Micro(added)
+		}
+	}
+	return min(level, lim.Capacity()) * lease.Share / 1000
 }
 
 // minSample is the shortest window a demand sample is measured over.
@@ -156,7 +218,7 @@ func (l *Limiter) ApplyAcquire(now clock.Nanos, r *Refill, resp *coordinatorv1.A
 				retry = neverRetry
 			}
 			e.deniedUntil.Store(int64(now) + int64(retry))
-			e.remaining.Store(res.RemainingMicro)
+			e.remaining.Store(res.RemainingMicro + int64(e.next.tokens))
 			if e.fail != nil {
 				e.fail.count = 0
 			}
@@ -185,7 +247,7 @@ func (l *Limiter) grantLocked(now clock.Nanos, r *Refill, e *entry, res *coordin
 	}
 	e.deniedUntil.Store(0)
 	e.scarce = res.Scarce
-	e.remaining.Store(res.RemainingMicro)
+	e.remaining.Store(res.RemainingMicro + int64(e.next.tokens))
 	if g <= 0 {
 		return
 	}
@@ -197,18 +259,28 @@ func (l *Limiter) grantLocked(now clock.Nanos, r *Refill, e *entry, res *coordin
 		expires:   r.sentAt + clock.Nanos(res.TtlMs)*clock.Nanos(time.Millisecond) - l.cfg.Guard,
 		grantedAt: bucket.Millis(res.GrantedAtMs),
 	}
-	if e.dead.Load() || now >= n.expires {
+	if e.dead.Load() || e.view.closed.Load() || now >= n.expires {
 		// Evicted, its view closed, or the answer came too late to use: hand it straight back.
 		e.acct -= g
 		l.queueReturn(e, g, n.grantedAt)
 		return
+	}
+	if cost := e.cost(); g > cost && g%cost != 0 {
+		// Keep whole requests and hand the rest back at once: a fraction of a request would sit
+		// in the lease unspendable until it expires, while the global bucket, short of it, denies.
+		// (A grant capped by the bucket's share is rarely whole.)
+		frac := g % cost
+		n.tokens -= frac
+		e.acct -= frac
+		e.remaining.Add(int64(frac))
+		l.queueReturn(e, frac, n.grantedAt)
 	}
 	if e.usableLocked(now, 1) {
 		if e.next.tokens > 0 {
 			l.queueReturn(e, e.next.tokens, e.next.grantedAt)
 			e.acct -= e.next.tokens
 		}
-		e.next = n
+		e.setNextLocked(n)
 		return
 	}
 	l.retireLocked(e)
@@ -248,7 +320,7 @@ func (l *Limiter) retireEntry(e *entry, dead bool) {
 	l.retireLocked(e)
 	if e.next.tokens > 0 {
 		l.queueReturn(e, e.next.tokens, e.next.grantedAt)
-		e.next = grant{}
+		e.setNextLocked(grant{})
 	}
 	e.wakeLocked()
 }
@@ -302,6 +374,7 @@ func (l *Limiter) NextReturn() *Return {
 	clear(l.returns[len(rest):])
 	l.returns = rest
 	req.Seq = l.seq.Add(1)
+	l.stats.Returns.Add(uint64(len(req.Items)))
 	for _, it := range req.Items {
 		l.stats.ReturnedMicro.Add(uint64(it.UnspentMicro))
 	}
@@ -349,7 +422,7 @@ func (l *Limiter) Expire(now clock.Nanos, from, n int) int {
 				l.stats.Expired.Add(1)
 				l.queueReturn(e, e.next.tokens, e.next.grantedAt)
 				e.acct -= e.next.tokens
-				e.next = grant{}
+				e.setNextLocked(grant{})
 			}
 			if e.next.tokens > 0 && !e.usableLocked(now, 1) {
 				l.promoteLocked(now, e)
@@ -364,4 +437,23 @@ func (l *Limiter) Close() {
 	v := l.view.Load()
 	v.closed.Store(true)
 	v.table.each(func(e *entry) { l.retireEntry(e, true) })
+}
+
+// Outstanding is what this agent holds of the global buckets, in µ: the unspent tokens of its
+// current and prefetched leases (expired ones not yet retired included) and of retired leases not
+// yet handed to a Return. The tokens lost if the agent dies are at most this plus what its calls in
+// flight carry (I7). It walks the lease table: a metrics scrape's cost, not a check's.
+func (l *Limiter) Outstanding() bucket.Micro {
+	var held bucket.Micro
+	l.view.Load().table.each(func(e *entry) {
+		e.mu.Lock()
+		held += bucket.Micro(e.tokens.Load()) + e.next.tokens
+		e.mu.Unlock()
+	})
+	l.qmu.Lock()
+	for _, it := range l.returns {
+		held += it.unspent
+	}
+	l.qmu.Unlock()
+	return held
 }

@@ -109,14 +109,6 @@ func (t *table) getOrInsert(h uint64, route uint32, tenant string, make func() *
 	return e, inserted
 }
 
-// remove deletes e if it is still in the table.
-func (t *table) remove(e *entry) bool {
-	s := t.shardOf(e.hash)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.delete(e)
-}
-
 // each calls f for every live entry, shard by shard, with no lock held during f.
 func (t *table) each(f func(*entry)) {
 	for i := range t.shards {

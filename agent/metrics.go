@@ -1,0 +1,205 @@
+package agent
+
+import (
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/status"
+
+	"github.com/leasebucket/leasebucket/internal/bucket"
+)
+
+// Metrics are the agent's Prometheus metrics. Labels are bounded: rule names come from the policy,
+// outcomes and call names are fixed, codes are gRPC's. No tenant ever becomes a label.
+//
+// The shells count what they do (decisions, calls); the Limiter's own counters are read at scrape
+// time, so nothing is counted twice and the check path adds no metric work of its own. A nil
+// *Metrics counts nothing.
+type Metrics struct {
+	decisions   *prometheus.CounterVec
+	invalids    prometheus.Counter
+	fallbacks   prometheus.Counter
+	refill      prometheus.Histogram
+	callErrors  *prometheus.CounterVec
+	decisionMap sync.Map // decisionKey → prometheus.Counter: skips the label hashing per check
+}
+
+type decisionKey struct {
+	rule    string
+	outcome Outcome
+}
+
+// NewMetrics returns the agent's metrics, not registered yet (see Register).
+func NewMetrics() *Metrics {
+	return &Metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "leasebucket", Subsystem: "agent", Name: "decisions_total",
+			Help: "Checks answered, by rule and outcome (allow, deny, unavailable). Degraded and shadow answers are counted here too, and separately.",
+		}, []string{"rule", "outcome"}),
+		invalids: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "leasebucket", Subsystem: "agent", Name: "invalid_checks_total",
+			Help: "Checks rejected as malformed (INVALID_ARGUMENT): no decision, nothing charged.",
+		}),
+		fallbacks: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "leasebucket", Subsystem: "agent", Name: "wait_fallbacks_total",
+			Help: "Checks that waited for a refill past the bound (or the caller's deadline) and were answered by the rule's failure mode.",
+		}),
+		refill: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "leasebucket", Subsystem: "agent", Name: "refill_duration_seconds",
+			Help:    "Latency of Acquire calls to the coordinators (each attempt), successful or not.",
+			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1},
+		}),
+		callErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "leasebucket", Subsystem: "agent", Name: "coordinator_errors_total",
+			Help: "Coordinator calls that failed as a whole, by call (acquire, return) and gRPC code.",
+		}, []string{"call", "code"}),
+	}
+}
+
+// Register registers the metrics with reg, with the counters of lim and, if ref is not nil, the
+// calls in flight of ref, read at scrape time.
+func (m *Metrics) Register(reg prometheus.Registerer, lim *Limiter, ref *Refresher) error {
+	for _, c := range []prometheus.Collector{m.decisions, m.invalids, m.fallbacks, m.refill, m.callErrors, &coreCollector{lim: lim, ref: ref}} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *Metrics) decision(v Verdict) {
+	if m == nil {
+		return
+	}
+	k := decisionKey{outcome: v.Outcome}
+	if v.Rule != nil {
+		k.rule = v.Rule.Name
+	}
+	c, ok := m.decisionMap.Load(k)
+	if !ok {
+		c, _ = m.decisionMap.LoadOrStore(k, m.decisions.WithLabelValues(k.rule, k.outcome.String()))
+	}
+	c.(prometheus.Counter).Inc()
+}
+
+func (m *Metrics) invalid(err error) {
+	if m == nil || errors.Is(err, ErrClosed) {
+		return
+	}
+	if errors.Is(err, ErrInvalidTenant) || errors.Is(err, ErrInvalidRoute) || errors.Is(err, ErrInvalidCost) {
+		m.invalids.Inc()
+	}
+}
+
+func (m *Metrics) fallback() {
+	if m != nil {
+		m.fallbacks.Inc()
+	}
+}
+
+func (m *Metrics) refillDone(d time.Duration, err error) {
+	if m == nil {
+		return
+	}
+	m.refill.Observe(d.Seconds())
+	m.callError("acquire", err)
+}
+
+func (m *Metrics) callError(call string, err error) {
+	if m == nil || err == nil {
+		return
+	}
+	m.callErrors.WithLabelValues(call, status.Code(err).String()).Inc()
+}
+
+// coreCollector exports the Limiter's counters and the Refresher's state at scrape time.
+type coreCollector struct {
+	lim *Limiter
+	ref *Refresher
+}
+
+var coreDescs = struct {
+	grants, grantedTokens, refillDenials, itemFailures, acquires, returns, returnedTokens,
+	creditedTokens, lostTokens, expiries, evictions, degraded, shadow, mismatches,
+	outstanding, keys, inflight, queuedRefills, queuedReturns *prometheus.Desc
+}{
+	grants:         desc("lease_grants_total", "Leases granted by the coordinators."),
+	grantedTokens:  desc("lease_granted_tokens_total", "Tokens granted in leases."),
+	refillDenials:  desc("refill_denials_total", "Refills denied by the global bucket (the key answers deny locally until the Retry-After)."),
+	itemFailures:   desc("refill_item_failures_total", "Refill items the coordinator could not serve (the store failed for the key, or it did not know the route)."),
+	acquires:       desc("acquire_calls_total", "Acquire calls built (each carries up to 256 keys)."),
+	returns:        desc("lease_returns_total", "Leases handed back in Return calls (expired, evicted, replaced by a policy change, or at shutdown)."),
+	returnedTokens: desc("lease_returned_tokens_total", "Unspent tokens handed back in Return calls."),
+	creditedTokens: desc("lease_credited_tokens_total", "Tokens the coordinators credited back (returned tokens less the refill since their grant, capped at capacity)."),
+	lostTokens:     desc("tokens_lost_total", "Unspent tokens whose Return failed: out of the global bucket until it refills them."),
+	expiries:       desc("lease_expiries_total", "Leases that expired with tokens left."),
+	evictions:      desc("evictions_total", "Keys evicted from the lease table by its size bound (their leases are returned)."),
+	degraded:       desc("degraded_admissions_total", "Checks allowed by a local emergency bucket while the global state was unreachable."),
+	shadow:         desc("shadow_denials_total", "Checks a shadow rule would have denied (answered allow)."),
+	mismatches:     desc("policy_mismatches_total", "Refills a coordinator refused because it did not know this agent's policy version or a route."),
+	outstanding:    desc("outstanding_lease_tokens", "Tokens this agent holds of the global buckets: unspent leases, and retired leases not yet credited back. At most this is lost if the agent dies."),
+	keys:           desc("keys", "Keys in the lease table."),
+	inflight:       desc("coordinator_calls_in_flight", "Acquire and Return calls in flight."),
+	queuedRefills:  desc("queued_refills", "Keys waiting for a refill call."),
+	queuedReturns:  desc("queued_returns", "Retired leases waiting for a Return call."),
+}
+
+func desc(name, help string) *prometheus.Desc {
+	return prometheus.NewDesc("leasebucket_agent_"+name, help, nil, nil)
+}
+
+func (c *coreCollector) Describe(ch chan<- *prometheus.Desc) {
+	d := coreDescs
+	for _, x := range []*prometheus.Desc{d.grants, d.grantedTokens, d.refillDenials, d.itemFailures, d.acquires,
+		d.returns, d.returnedTokens, d.creditedTokens, d.lostTokens, d.expiries, d.evictions, d.degraded, d.shadow,
+		d.mismatches, d.outstanding, d.keys, d.inflight, d.queuedRefills, d.queuedReturns} {
+		ch <- x
+	}
+}
+
+func (c *coreCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.lim.Stats()
+	d := coreDescs
+	counter := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
+	}
+	gauge := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+	}
+	counter(d.grants, float64(s.Grants.Load()))
+	counter(d.grantedTokens, tokens(s.GrantedMicro.Load()))
+	counter(d.refillDenials, float64(s.Denials.Load()))
+	counter(d.itemFailures, float64(s.ItemFailures.Load()))
+	counter(d.acquires, float64(s.Acquires.Load()))
+	counter(d.returns, float64(s.Returns.Load()))
+	counter(d.returnedTokens, tokens(s.ReturnedMicro.Load()))
+	counter(d.creditedTokens, tokens(s.CreditedMicro.Load()))
+	counter(d.lostTokens, tokens(s.LostMicro.Load()))
+	counter(d.expiries, float64(s.Expired.Load()))
+	counter(d.evictions, float64(s.Evicted.Load()))
+	counter(d.degraded, float64(s.Degraded.Load()))
+	counter(d.shadow, float64(s.ShadowDenied.Load()))
+	counter(d.mismatches, float64(s.PolicyMismatch.Load()))
+	held := int64(c.lim.Outstanding())
+	inflight := 0
+	if c.ref != nil {
+		held += c.ref.Returning()
+		inflight = c.ref.InFlight()
+	}
+	gauge(d.outstanding, tokens(uint64(held)))
+	gauge(d.keys, float64(c.lim.Keys()))
+	gauge(d.inflight, float64(inflight))
+	refills, returns := c.lim.Pending()
+	gauge(d.queuedRefills, float64(refills))
+	gauge(d.queuedReturns, float64(returns))
+}
+
+func tokens(micro uint64) float64 { return float64(micro) / float64(bucket.PerToken) }
+
+// microString shows µ as tokens with up to six decimals ("2.5", "0.000001").
+func microString(micro int64) string {
+	return strconv.FormatFloat(float64(micro)/float64(bucket.PerToken), 'f', -1, 64)
+}

@@ -1,0 +1,104 @@
+package agent_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/leasebucket/leasebucket/agent"
+	"github.com/leasebucket/leasebucket/internal/bucket"
+)
+
+// TestRefillBatching: a thousand keys wanting a refill at once, with a slow coordinator, travel in
+// a few batched calls: no call carries more than agent.MaxBatch keys, no more than
+// agent.DefaultMaxInFlight calls are in flight, and every check is answered from a lease.
+func TestRefillBatching(t *testing.T) {
+	s := newStack(t, parsePolicy(t, benchPolicy), stackOptions{maxWait: 5 * time.Second})
+	s.coord.setFault(slow)
+	const keys = 1000
+	var wg sync.WaitGroup
+	errs := make(chan error, keys)
+	for i := range keys {
+		wg.Go(func() {
+			q := agent.Query{Tenant: fmt.Sprintf("tenant-%d", i), Path: "/api/x", Operation: "GET"}
+			v, err := s.srv.Decide(ctxTimeout(t, 10*time.Second), q)
+			if err == nil && (v.Outcome != agent.Allow || v.Degraded) {
+				err = fmt.Errorf("tenant-%d: %s", i, show(v))
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.coord.mu.Lock()
+	defer s.coord.mu.Unlock()
+	total := 0
+	for _, n := range s.coord.batches {
+		if n > agent.MaxBatch {
+			t.Fatalf("an Acquire carried %d keys, more than MaxBatch %d", n, agent.MaxBatch)
+		}
+		total += n
+	}
+	if total != keys {
+		t.Fatalf("Acquires carried %d keys in all, want %d (one refill per key)", total, keys)
+	}
+	if s.coord.maxInflight > agent.DefaultMaxInFlight {
+		t.Fatalf("%d Acquires in flight at once, more than %d", s.coord.maxInflight, agent.DefaultMaxInFlight)
+	}
+	if len(s.coord.batches) >= keys/10 {
+		t.Fatalf("%d Acquire calls for %d keys: refills were not batched", len(s.coord.batches), keys)
+	}
+}
+
+// TestTimedOutAcquireRetriedWithSameSeq: an Acquire that times out is sent again with the same
+// seq (the coordinator answers a repeat without charging twice), and its lease serves the check.
+func TestTimedOutAcquireRetriedWithSameSeq(t *testing.T) {
+	s := newStack(t, loadPolicy(t, examplePolicy), stackOptions{callTimeout: 50 * time.Millisecond, maxWait: 2 * time.Second})
+	s.coord.setFault(hangOnce)
+	q := agent.Query{Tenant: "acme", Path: "/orders/7", Operation: "GET"}
+	v, err := s.srv.Decide(ctxTimeout(t, 5*time.Second), q)
+	if err != nil || v.Outcome != agent.Allow || v.Degraded {
+		t.Fatalf("Decide = %s, %v; want allow from the retried Acquire", show(v), err)
+	}
+	seqs := s.coord.acquireSeqs()
+	if len(seqs) < 2 || seqs[0] != seqs[1] {
+		t.Fatalf("Acquire seqs %v: want the timed-out call retried with its seq", seqs)
+	}
+}
+
+// TestExpirySweep: an idle key's lease expires and the sweep returns its unspent tokens without
+// any further check.
+func TestExpirySweep(t *testing.T) {
+	// 100 per second with a burst of 80: leases live 200 ms; the first is 5 tokens.
+	set := parsePolicy(t, `
+version: "v1"
+rules:
+  - name: fast
+    routes: ["/fast"]
+    operations: [read]
+    limit: 6000/minute
+    burst: 80
+default:
+  limit: 60/minute
+  burst: 10
+`)
+	s := newStack(t, set, stackOptions{})
+	q := agent.Query{Tenant: "acme", Path: "/fast", Operation: "GET"}
+	if v, err := s.srv.Decide(ctxTimeout(t, 5*time.Second), q); err != nil || v.Outcome != agent.Allow {
+		t.Fatalf("Decide = %s, %v", show(v), err)
+	}
+	eventually(t, 5*time.Second, "the expired lease returned", func() bool {
+		s.coord.mu.Lock()
+		defer s.coord.mu.Unlock()
+		return s.coord.returned == 4*int64(bucket.PerToken)
+	})
+	if s.lim.Stats().Expired.Load() != 1 || s.lim.Outstanding() != 0 {
+		t.Fatalf("expired %d, outstanding %d µ; want 1 and 0", s.lim.Stats().Expired.Load(), s.lim.Outstanding())
+	}
+}

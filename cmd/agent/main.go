@@ -1,0 +1,441 @@
+// Command agent is the leasebucket agent: the node-local limiter every gateway on a node asks
+// "may this identity do this operation on this route now?". It answers from leases of the global
+// buckets over a Unix socket and refills them from the coordinators. Run it with --help for its
+// flags; docs/agent.md describes it.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"os/user"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/leasebucket/leasebucket/agent"
+	"github.com/leasebucket/leasebucket/coordinator"
+	"github.com/leasebucket/leasebucket/internal/clock"
+	"github.com/leasebucket/leasebucket/internal/tlsconfig"
+	"github.com/leasebucket/leasebucket/policy"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "agent:", err)
+		os.Exit(1)
+	}
+}
+
+// config is the agent's configuration: flags, each with an environment variable as its default.
+type config struct {
+	socket          string
+	socketGroup     string
+	listen          string
+	coordinators    string
+	policyFile      string
+	policyInterval  time.Duration
+	tlsCA           string
+	tlsCert         string
+	tlsKey          string
+	tlsServerName   string
+	maxWait         time.Duration
+	callTimeout     time.Duration
+	maxKeys         int
+	region          string
+	metricsListen   string
+	shutdownTimeout time.Duration
+	logLevel        string
+	logFormat       string
+}
+
+const usageHeader = `Usage: agent [flags]
+
+The leasebucket agent answers rate-limit checks on a Unix socket (gRPC AgentService and
+grpc.health.v1) from leases of the global buckets, refilled from the coordinators. Every flag can
+also be set by the environment variable shown in brackets; a flag on the command line wins.
+SIGINT or SIGTERM shuts it down gracefully: it stops taking checks and returns its leases.
+
+Flags:
+`
+
+// errHelp: --help was asked for; the usage was printed and run succeeds.
+var errHelp = errors.New("help")
+
+func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var envErr error
+	str := func(p *string, name, env, def, usage string) {
+		if v := getenv(env); v != "" {
+			def = v
+		}
+		fs.StringVar(p, name, def, usage+" ["+env+"]")
+	}
+	dur := func(p *time.Duration, name, env string, def time.Duration, usage string) {
+		if v := getenv(env); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				envErr = errors.Join(envErr, fmt.Errorf("%s=%q: %w", env, v, err))
+			} else {
+				def = d
+			}
+		}
+		fs.DurationVar(p, name, def, usage+" ["+env+"]")
+	}
+	num := func(p *int, name, env string, def int, usage string) {
+		if v := getenv(env); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				envErr = errors.Join(envErr, fmt.Errorf("%s=%q: %w", env, v, err))
+			} else {
+				def = n
+			}
+		}
+		fs.IntVar(p, name, def, usage+" ["+env+"]")
+	}
+	str(&c.socket, "socket", "LEASEBUCKET_AGENT_SOCKET", agent.DefaultSocket,
+		"Unix socket to serve checks on (mode 0660; a stale socket is removed, a live one is never taken)")
+	str(&c.socketGroup, "socket-group", "LEASEBUCKET_AGENT_SOCKET_GROUP", "",
+		"group (name or id) given the socket, so gateways in that group may connect; default: the agent's group")
+	str(&c.listen, "listen", "LEASEBUCKET_AGENT_LISTEN", "",
+		"also serve checks on this TCP address, plaintext and unauthenticated (for gateways that cannot reach the socket); default: off")
+	str(&c.coordinators, "coordinators", "LEASEBUCKET_COORDINATORS", "",
+		"coordinators: a comma-separated list of host:port, or one host:port or dns:///name:port resolved to all its addresses (required)")
+	str(&c.policyFile, "policy", "LEASEBUCKET_POLICY", "",
+		"policy file, the same file the coordinators read; reloaded when it changes (required)")
+	dur(&c.policyInterval, "policy-interval", "LEASEBUCKET_POLICY_INTERVAL", policy.DefaultPollInterval,
+		"how often the policy file is checked for changes")
+	str(&c.tlsCA, "tls-ca", "LEASEBUCKET_AGENT_TLS_CA", "",
+		"CA file to verify coordinators with; any tls-* flag turns TLS on (default: plaintext)")
+	str(&c.tlsCert, "tls-cert", "LEASEBUCKET_AGENT_TLS_CERT", "", "client certificate for mutual TLS with the coordinators")
+	str(&c.tlsKey, "tls-key", "LEASEBUCKET_AGENT_TLS_KEY", "", "client key for mutual TLS with the coordinators")
+	str(&c.tlsServerName, "tls-server-name", "LEASEBUCKET_AGENT_TLS_SERVER_NAME", "",
+		"name to verify in the coordinators' certificates (default: the host of the address)")
+	dur(&c.maxWait, "max-wait", "LEASEBUCKET_AGENT_MAX_WAIT", agent.DefaultMaxWait,
+		"longest a check waits for a refill before the route's failure mode answers (never past the caller's deadline)")
+	dur(&c.callTimeout, "call-timeout", "LEASEBUCKET_AGENT_CALL_TIMEOUT", agent.DefaultCallTimeout,
+		"timeout of one Acquire or Return call to a coordinator (a timed-out call is retried once)")
+	num(&c.maxKeys, "max-keys", "LEASEBUCKET_AGENT_MAX_KEYS", agent.DefaultMaxKeys,
+		"most keys in the lease table; the least recently used are evicted and their leases returned")
+	str(&c.region, "region", "LEASEBUCKET_REGION", "", "this node's region, for rules with regional scope")
+	str(&c.metricsListen, "metrics-listen", "LEASEBUCKET_AGENT_METRICS_LISTEN", ":7072",
+		"HTTP address serving Prometheus /metrics; empty: off")
+	dur(&c.shutdownTimeout, "shutdown-timeout", "LEASEBUCKET_AGENT_SHUTDOWN_TIMEOUT", 5*time.Second,
+		"bound on a graceful shutdown: checks in flight finish, then leases are returned")
+	str(&c.logLevel, "log-level", "LEASEBUCKET_LOG_LEVEL", "info", "debug, info, warn or error")
+	str(&c.logFormat, "log-format", "LEASEBUCKET_LOG_FORMAT", "json", "json or console")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usageHeader)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return c, errHelp
+		}
+		return c, err
+	}
+	switch {
+	case envErr != nil:
+		return c, envErr
+	case fs.NArg() > 0:
+		return c, fmt.Errorf("unexpected arguments %q (see --help)", fs.Args())
+	case c.coordinators == "":
+		return c, errors.New("--coordinators is required (see --help)")
+	case c.policyFile == "":
+		return c, errors.New("--policy is required (see --help)")
+	case c.maxWait <= 0 || c.callTimeout <= 0 || c.shutdownTimeout <= 0:
+		return c, errors.New("--max-wait, --call-timeout and --shutdown-timeout must be positive")
+	case c.maxKeys <= 0:
+		return c, errors.New("--max-keys must be positive")
+	}
+	return c, nil
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	cfg, err := parseFlags(args, getenv, stderr)
+	if errors.Is(err, errHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(cfg, stderr)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Sync() }()
+	id, err := agentID()
+	if err != nil {
+		return err
+	}
+	log = log.With(zap.String("agent_id", id))
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	// The Limiter follows the watcher: a reload that parses and validates replaces the policy
+	// (leases of the old version are returned); a broken file keeps the last good one.
+	var lim *agent.Limiter
+	watcher, err := policy.NewWatcher(cfg.policyFile, policy.WatchOptions{
+		Interval: cfg.policyInterval, Logger: log, Registerer: reg,
+		OnChange: func(_, set *policy.Set) {
+			if lim != nil {
+				lim.SetPolicy(set)
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	defer watcher.Close()
+	warnRegion(log, watcher.Current(), cfg.region)
+
+	tlsCfg, err := clientTLS(cfg)
+	if err != nil {
+		return err
+	}
+	if tlsCfg == nil {
+		log.Warn("talking to the coordinators in plaintext; set --tls-ca (and --tls-cert/--tls-key for mutual TLS) outside a local setup")
+	}
+	conn, err := agent.DialCoordinators(strings.Split(cfg.coordinators, ","), tlsCfg)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+
+	clk := clock.NewCoarse(time.Millisecond)
+	defer clk.Close()
+	metrics := agent.NewMetrics()
+	ref := agent.NewRefresher(agent.RefresherConfig{
+		Coordinator: agent.CoordinatorClient(conn),
+		Clock:       clk,
+		CallTimeout: cfg.callTimeout,
+		ReloadPolicy: func() {
+			_, _ = watcher.Reload() // OnChange installs a new policy; errors are logged by the watcher
+		},
+		Metrics: metrics,
+		Logger:  log,
+	})
+	lim = agent.New(agent.Config{
+		AgentID: id, Region: cfg.region, MaxKeys: cfg.maxKeys, Guard: clock.Guard, Notify: ref.Notify,
+	}, watcher.Current())
+	if err := metrics.Register(reg, lim, ref); err != nil {
+		return err
+	}
+
+	// Listen before starting anything: a socket in use (another agent) stops here.
+	listeners, mln, err := listen(cfg)
+	if err != nil {
+		return err
+	}
+	ref.Start(lim)
+	watcher.Start()
+
+	srv := agent.NewServer(agent.ServerConfig{Limiter: lim, Clock: clk, MaxWait: cfg.maxWait, Metrics: metrics, Logger: log})
+	// Gateways may keep their connections warm with pings (gRPC's default allows one every five
+	// minutes and disconnects clients that ping more often).
+	g := grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
+	hs := srv.Register(g)
+
+	errc := make(chan error, len(listeners)+1)
+	for _, ln := range listeners {
+		go func() { errc <- g.Serve(ln) }()
+	}
+	var metricsSrv *http.Server
+	if mln != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { errc <- metricsSrv.Serve(mln) }()
+		log.Info("metrics", zap.String("addr", mln.Addr().String()))
+	}
+	addrs := make([]string, len(listeners))
+	for i, ln := range listeners {
+		addrs[i] = ln.Addr().String()
+	}
+	log.Info("agent serving", zap.Strings("listen", addrs), zap.String("coordinators", cfg.coordinators),
+		zap.String("policy_version", watcher.Current().Version()), zap.String("region", cfg.region),
+		zap.Duration("max_wait", cfg.maxWait), zap.Int("max_keys", cfg.maxKeys))
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+	case serveErr = <-errc:
+		log.Error("server failed; shutting down", zap.Error(serveErr))
+	}
+
+	// Stop taking checks (health says NOT_SERVING at once; checks in flight finish, waiting at
+	// most --max-wait each), then retire every lease and return it.
+	hs.Shutdown()
+	graceful := make(chan struct{})
+	go func() { g.GracefulStop(); close(graceful) }()
+	select {
+	case <-graceful:
+	case <-time.After(cfg.shutdownTimeout / 2):
+		g.Stop()
+		<-graceful
+	}
+	stopRefresher(log, ref, cfg.shutdownTimeout/2)
+	if metricsSrv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = metricsSrv.Shutdown(sctx)
+		cancel()
+	}
+	for _, ln := range listeners {
+		_ = ln.Close() // GracefulStop closed them; this removes nothing twice
+	}
+	log.Info("agent stopped")
+	if errors.Is(serveErr, http.ErrServerClosed) || errors.Is(serveErr, grpc.ErrServerStopped) {
+		serveErr = nil
+	}
+	return serveErr
+}
+
+// listen opens the Unix socket, the optional TCP listener and the metrics listener (nil when off);
+// on an error it closes what it opened.
+func listen(cfg config) (checks []net.Listener, metrics net.Listener, err error) {
+	defer func() {
+		if err != nil {
+			for _, ln := range checks {
+				_ = ln.Close()
+			}
+		}
+	}()
+	gid, err := lookupGroup(cfg.socketGroup)
+	if err != nil {
+		return nil, nil, err
+	}
+	sock, err := agent.ListenUnix(cfg.socket, agent.SocketMode, gid)
+	if err != nil {
+		return nil, nil, err
+	}
+	checks = append(checks, sock)
+	if cfg.listen != "" {
+		tcp, err := net.Listen("tcp", cfg.listen)
+		if err != nil {
+			return checks, nil, fmt.Errorf("listen %s: %w", cfg.listen, err)
+		}
+		checks = append(checks, tcp)
+	}
+	if cfg.metricsListen != "" {
+		if metrics, err = net.Listen("tcp", cfg.metricsListen); err != nil {
+			return checks, nil, fmt.Errorf("metrics listen %s: %w", cfg.metricsListen, err)
+		}
+	}
+	return checks, metrics, nil
+}
+
+// stopRefresher closes the Limiter and returns its leases within d.
+func stopRefresher(log *zap.Logger, ref *agent.Refresher, d time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	if err := ref.Stop(ctx); err != nil {
+		log.Error("leases not returned at shutdown", zap.Error(err))
+		return
+	}
+	log.Info("leases returned")
+}
+
+func newLogger(cfg config, stderr io.Writer) (*zap.Logger, error) {
+	level, err := zapcore.ParseLevel(cfg.logLevel)
+	if err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	var encoder zapcore.Encoder
+	switch cfg.logFormat {
+	case "json":
+		encoder = zapcore.NewJSONEncoder(enc)
+	case "console":
+		enc.EncodeLevel = zapcore.CapitalLevelEncoder
+		encoder = zapcore.NewConsoleEncoder(enc)
+	default:
+		return nil, fmt.Errorf("--log-format %q: want json or console", cfg.logFormat)
+	}
+	return zap.New(zapcore.NewCore(encoder, zapcore.AddSync(stderr), level)), nil
+}
+
+// agentID names this process to the coordinators: unique per process (a restarted agent must not
+// be answered from its predecessor's idempotency records), readable in their logs.
+func agentID() (string, error) {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "agent"
+	}
+	if len(host) > 64 {
+		host = host[:64]
+	}
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("agent id: %w", err)
+	}
+	id := host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
+	if len(id) > coordinator.MaxAgentID {
+		id = id[len(id)-coordinator.MaxAgentID:]
+	}
+	return id, nil
+}
+
+func clientTLS(cfg config) (*tls.Config, error) {
+	if cfg.tlsCA == "" && cfg.tlsCert == "" && cfg.tlsKey == "" && cfg.tlsServerName == "" {
+		return nil, nil
+	}
+	return tlsconfig.Client(cfg.tlsCA, cfg.tlsCert, cfg.tlsKey, cfg.tlsServerName)
+}
+
+// lookupGroup resolves --socket-group; -1 keeps the agent's own group.
+func lookupGroup(name string) (int, error) {
+	if name == "" {
+		return -1, nil
+	}
+	if gid, err := strconv.Atoi(name); err == nil {
+		return gid, nil
+	}
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		return 0, fmt.Errorf("--socket-group: %w", err)
+	}
+	return strconv.Atoi(g.Gid)
+}
+
+// warnRegion logs the regional rules this agent cannot serve: their checks are rejected until
+// --region names one of their regions.
+func warnRegion(log *zap.Logger, set *policy.Set, region string) {
+	for _, r := range set.Rules() {
+		if r.Scope != policy.Regional {
+			continue
+		}
+		known := false
+		for _, rq := range r.Regions {
+			known = known || rq.Region == region
+		}
+		if !known {
+			log.Warn("this agent's region is not one of a regional rule's regions; its checks will be rejected",
+				zap.String("rule", r.Name), zap.String("region", region))
+		}
+	}
+}

@@ -1,0 +1,171 @@
+// Command lbcheck sends checks to a leasebucket agent and prints one line per decision: a way to
+// see the agent work, and to probe a node's agent by hand.
+//
+//	lbcheck [-socket PATH | -addr HOST:PORT] [-n N] [-every D] tenant=T route=PATH op=OP [cost=N]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/leasebucket/leasebucket/agent"
+	"github.com/leasebucket/leasebucket/policy"
+	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
+)
+
+const usageHeader = `Usage: lbcheck [flags] tenant=T route=PATH op=OP [cost=N]
+
+Sends N checks to a leasebucket agent, one after the other, and prints one line per decision:
+allow, deny (429) or unavailable (503), with Retry-After, the tokens left as the agent sees them,
+the rule's limit and the rule that decided. op is a class (read, write), a named operation or an
+HTTP method; cost 0 (the default) is the rule's cost. Exits 1 if a check fails (the agent is
+unreachable or rejects the check as malformed).
+
+Flags:
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "lbcheck:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("lbcheck", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	socket := agent.DefaultSocket
+	if v := getenv("LEASEBUCKET_AGENT_SOCKET"); v != "" {
+		socket = v
+	}
+	fs.StringVar(&socket, "socket", socket, "the agent's Unix socket [LEASEBUCKET_AGENT_SOCKET]")
+	addr := fs.String("addr", "", "the agent's TCP address instead of the socket")
+	n := fs.Int("n", 1, "number of checks")
+	every := fs.Duration("every", 0, "pause between checks")
+	timeout := fs.Duration("timeout", time.Second, "deadline of each check")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usageHeader)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	req, err := parseRequest(fs.Args())
+	if err != nil {
+		return err
+	}
+	target := "unix:" + socket // relative or absolute
+	if *addr != "" {
+		target = "passthrough:///" + *addr
+	}
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	client := agentv1.NewAgentServiceClient(conn)
+	width := len(strconv.Itoa(*n))
+	for i := 1; i <= *n; i++ {
+		if i > 1 && *every > 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(*every):
+			}
+		}
+		cctx, cancel := context.WithTimeout(ctx, *timeout)
+		resp, err := client.Check(cctx, req)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			st := status.Convert(err)
+			return fmt.Errorf("check %d: %s: %s", i, st.Code(), st.Message())
+		}
+		fmt.Fprintf(stdout, "%*d  %s\n", width, i, format(resp))
+	}
+	return nil
+}
+
+// parseRequest reads key=value words.
+func parseRequest(words []string) (*agentv1.CheckRequest, error) {
+	req := &agentv1.CheckRequest{}
+	for _, w := range words {
+		k, v, ok := strings.Cut(w, "=")
+		if !ok {
+			return nil, fmt.Errorf("%q: want key=value (see --help)", w)
+		}
+		switch k {
+		case "tenant":
+			req.Tenant = v
+		case "route", "path":
+			req.Route = v
+		case "op", "operation", "method":
+			req.Operation = v
+		case "cost":
+			c, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("cost=%q: %w", v, err)
+			}
+			req.Cost = c
+		default:
+			return nil, fmt.Errorf("unknown key %q (want tenant, route, op, cost)", k)
+		}
+	}
+	if req.Tenant == "" || req.Route == "" || req.Operation == "" {
+		return nil, errors.New("tenant=, route= and op= are required (see --help)")
+	}
+	return req, nil
+}
+
+// format shows one decision. Retry-After is also shown as the HTTP header a gateway would send
+// (whole seconds, rounded up).
+func format(r *agentv1.CheckResponse) string {
+	var b strings.Builder
+	switch r.Decision {
+	case agentv1.Decision_DECISION_ALLOW:
+		b.WriteString("allow      ")
+	case agentv1.Decision_DECISION_DENY:
+		b.WriteString("deny (429) ")
+	case agentv1.Decision_DECISION_UNAVAILABLE:
+		b.WriteString("unavailable (503)")
+	default:
+		b.WriteString(r.Decision.String())
+	}
+	if r.Degraded {
+		b.WriteString(" degraded")
+	}
+	if r.ShadowDeny {
+		b.WriteString(" shadow-deny")
+	}
+	if r.RetryAfterMs > 0 {
+		fmt.Fprintf(&b, " Retry-After: %d (%dms)", (r.RetryAfterMs+999)/1000, r.RetryAfterMs)
+	}
+	fmt.Fprintf(&b, "  remaining=%d", r.Remaining)
+	if r.WindowMs > 0 {
+		fmt.Fprintf(&b, " limit=%d/%s", r.Limit, policy.FormatPeriod(time.Duration(r.WindowMs)*time.Millisecond))
+	}
+	if r.Rule != "" {
+		fmt.Fprintf(&b, " rule=%s", r.Rule)
+	}
+	return b.String()
+}

@@ -1,0 +1,113 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+
+	"github.com/leasebucket/leasebucket/agent"
+	"github.com/leasebucket/leasebucket/coordinator"
+	"github.com/leasebucket/leasebucket/coordinator/memstore"
+	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/clock"
+	"github.com/leasebucket/leasebucket/policy"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// startAgent serves an agent in process on a socket, its coordinator a Service over an in-memory
+// store whose clock stands still.
+func startAgent(t *testing.T) string {
+	t.Helper()
+	file := filepath.Join("..", "..", "examples", "policy.yaml")
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := policy.Parse(file, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := memstore.New(memstore.WithClock(func() bucket.Millis { return 1_000_000 }))
+	clk := clock.NewCoarse(time.Millisecond)
+	ref := agent.NewRefresher(agent.RefresherConfig{Coordinator: coordinator.NewService(store, set), Clock: clk})
+	lim := agent.New(agent.Config{AgentID: "lbcheck-test", Guard: clock.Guard, Notify: ref.Notify}, set)
+	ref.Start(lim)
+	dir, err := os.MkdirTemp("", "lbc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	socket := filepath.Join(dir, "agent.sock")
+	ln, err := agent.ListenUnix(socket, 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	agent.NewServer(agent.ServerConfig{Limiter: lim, Clock: clk}).Register(g)
+	served := make(chan struct{})
+	go func() { _ = g.Serve(ln); close(served) }()
+	t.Cleanup(func() {
+		g.Stop()
+		<-served
+		_ = ref.Stop(context.Background())
+		clk.Close()
+		os.RemoveAll(dir)
+	})
+	return socket
+}
+
+// TestCardExample: the README's command prints 20 allows, then 429s with a Retry-After.
+func TestCardExample(t *testing.T) {
+	socket := startAgent(t)
+	var out, errs bytes.Buffer
+	args := []string{"-socket", socket, "-n", "25", "tenant=acme", "route=/orders/7", "op=GET"}
+	if err := run(context.Background(), args, func(string) string { return "" }, &out, &errs); err != nil {
+		t.Fatalf("run: %v\n%s", err, errs.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 25 {
+		t.Fatalf("%d lines, want 25:\n%s", len(lines), out.String())
+	}
+	allow := regexp.MustCompile(`^ ?\d+  allow +remaining=\d+ limit=100/1m rule=orders-read$`)
+	deny := regexp.MustCompile(`^\d+  deny \(429\)  Retry-After: 1 \(\d+ms\)  remaining=0 limit=100/1m rule=orders-read$`)
+	for i, line := range lines {
+		re := allow
+		if i >= 20 {
+			re = deny
+		}
+		if !re.MatchString(line) {
+			t.Fatalf("line %d: %q does not match %v\n%s", i+1, line, re, out.String())
+		}
+	}
+}
+
+func TestErrors(t *testing.T) {
+	socket := startAgent(t)
+	env := func(k string) string {
+		if k == "LEASEBUCKET_AGENT_SOCKET" {
+			return socket
+		}
+		return ""
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"route=/orders/7", "op=GET"}, "tenant=, route= and op= are required"},
+		{[]string{"tenant=acme", "route=/orders/7", "op=GET", "colour=blue"}, `unknown key "colour"`},
+		{[]string{"tenant=acme", "route=/orders/7", "op=GET", "cost=21"}, "InvalidArgument"},
+	} {
+		err := run(context.Background(), tc.args, env, &bytes.Buffer{}, &bytes.Buffer{})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("run(%q) = %v, want an error containing %q", tc.args, err, tc.want)
+		}
+	}
+}
