@@ -73,7 +73,7 @@ func Load(filename string) (*Set, error) {
 	if err != nil {
 		return nil, fmt.Errorf("policy: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only: nothing to lose
 	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
 	if err != nil {
 		return nil, fmt.Errorf("policy: read %s: %w", filename, err)
@@ -1012,7 +1012,7 @@ func parseLimit(s string) (int64, time.Duration, error) {
 	}
 	d, err := parsePeriod(ps)
 	if err != nil {
-		return 0, 0, fmt.Errorf("%q: %v", s, err)
+		return 0, 0, fmt.Errorf("%q: %w", s, err)
 	}
 	return n, d, nil
 }

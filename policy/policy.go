@@ -30,9 +30,9 @@ import (
 type Scope uint8
 
 const (
-	// Global: one bucket per key shared by all regions (strict quota; refills cross regions).
+	// Global is one bucket per key shared by all regions (strict quota; refills cross regions).
 	Global Scope = iota
-	// Regional: one bucket per key and region; the regions' slices sum to the rule's quota.
+	// Regional is one bucket per key and region; the regions' slices sum to the rule's quota.
 	Regional
 )
 
@@ -222,9 +222,9 @@ func (r Route) String() string {
 }
 
 var (
-	// ErrUnknownRegion: the region is not one of a regional rule's slices.
+	// ErrUnknownRegion is returned when the region is not one of a regional rule's slices.
 	ErrUnknownRegion = errors.New("policy: unknown region")
-	// ErrForeignRoute: a Route of another Set (or the zero Route) was passed to a Set.
+	// ErrForeignRoute is returned when a Route of another Set (or the zero Route) was passed to a Set.
 	ErrForeignRoute = errors.New("policy: route does not belong to this policy set")
 )
 

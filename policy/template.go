@@ -97,7 +97,7 @@ func parseTemplate(s string) (template, error) {
 		default:
 			canon, err := canonicalSegment(nil, p)
 			if err != nil {
-				return t, fmt.Errorf("template %q: segment %q: %v", s, p, errors.Unwrap(err))
+				return t, fmt.Errorf("template %q: segment %q: %v", s, p, errors.Unwrap(err)) //nolint:errorlint // the cause's text without its prefix
 			}
 			if string(canon) != p || string(canon) == "." || string(canon) == ".." {
 				return t, fmt.Errorf("template %q: segment %q is not in normalized form (write %q): a normalized path never contains it",

@@ -211,7 +211,7 @@ func (w *Watcher) read() ([]byte, [sha256.Size]byte, error) {
 	if err != nil {
 		return nil, sum, fmt.Errorf("policy: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only: nothing to lose
 	var buf bytes.Buffer
 	if _, err := io.Copy(&buf, io.LimitReader(f, MaxFileSize+1)); err != nil {
 		return nil, sum, fmt.Errorf("policy: read %s: %w", w.file, err)

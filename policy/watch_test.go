@@ -156,7 +156,7 @@ func TestWatcherReload(t *testing.T) {
 	if got := value(t, w.lastOK); got != 0 {
 		t.Errorf("last_reload_ok = %v, want 0", got)
 	}
-	if _, err2 := w.Reload(); err2 != err || w.Err() != err {
+	if _, err2 := w.Reload(); !errors.Is(err2, err) || !errors.Is(w.Err(), err) {
 		t.Errorf("second Reload() of the same broken file = %v (Err() %v), want the same error %v", err2, w.Err(), err)
 	}
 	if got := value(t, reloads.WithLabelValues("error")); got != 1 {

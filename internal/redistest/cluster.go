@@ -3,6 +3,7 @@ package redistest
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -124,7 +125,7 @@ func (c *Cluster) health() string {
 		}
 		problem := func() string {
 			cl := redis.NewClient(n.Options())
-			defer cl.Close()
+			defer func() { _ = cl.Close() }()
 			info, err := cl.ClusterInfo(ctx).Result()
 			if err != nil {
 				return err.Error()
@@ -164,18 +165,29 @@ func (c *Cluster) MasterForKey(key string) *Server {
 		}
 		addr, err := func() (string, error) {
 			cl := redis.NewClient(n.Options())
-			defer cl.Close()
+			defer func() { _ = cl.Close() }()
 			slot, err := cl.ClusterKeySlot(ctx, key).Result()
 			if err != nil {
 				return "", err
 			}
-			ranges, err := cl.ClusterSlots(ctx).Result()
+			shards, err := cl.ClusterShards(ctx).Result()
 			if err != nil {
 				return "", err
 			}
-			for _, r := range ranges {
-				if int64(r.Start) <= slot && slot <= int64(r.End) && len(r.Nodes) > 0 {
-					return r.Nodes[0].Addr, nil
+			for _, sh := range shards {
+				for _, r := range sh.Slots {
+					if r.Start > slot || slot > r.End {
+						continue
+					}
+					for _, node := range sh.Nodes {
+						if node.Role == "master" {
+							port := node.Port
+							if port == 0 { // a TLS-only node
+								port = node.TLSPort
+							}
+							return net.JoinHostPort(node.IP, strconv.FormatInt(port, 10)), nil
+						}
+					}
 				}
 			}
 			return "", fmt.Errorf("slot %d not served", slot)
@@ -210,7 +222,7 @@ func (c *Cluster) Masters() []*Server {
 // replicaInSync reports whether the server is a replica whose link to its master is up.
 func (s *Server) replicaInSync() bool {
 	cl := redis.NewClient(s.Options())
-	defer cl.Close()
+	defer func() { _ = cl.Close() }()
 	repl, err := cl.Info(context.Background(), "replication").Result()
 	return err == nil && strings.Contains(repl, "role:slave\r\n") && strings.Contains(repl, "master_link_status:up\r\n")
 }
@@ -218,7 +230,7 @@ func (s *Server) replicaInSync() bool {
 // role is the first element of ROLE ("master", "slave", "sentinel"), or "" if unreachable.
 func (s *Server) role() string {
 	cl := redis.NewClient(s.Options())
-	defer cl.Close()
+	defer func() { _ = cl.Close() }()
 	v, err := cl.Do(context.Background(), "role").Slice()
 	if err != nil || len(v) == 0 {
 		return ""

@@ -327,7 +327,7 @@ func (s *Server) waitReady(p *process) error {
 	o.DialTimeout, o.ReadTimeout, o.WriteTimeout = 500*time.Millisecond, time.Second, time.Second
 	o.MaxRetries, o.PoolSize = -1, 1
 	c := redis.NewClient(o)
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	want := "process_id:" + strconv.Itoa(p.cmd.Process.Pid) + "\r\n"
 	ctx := context.Background()
 	deadline := time.Now().Add(startTimeout)
@@ -349,7 +349,7 @@ func (s *Server) waitReady(p *process) error {
 		}
 		time.Sleep(pollEvery)
 	}
-	return fmt.Errorf("no answer within %v: %v", startTimeout, last)
+	return fmt.Errorf("no answer within %v: %w", startTimeout, last)
 }
 
 func readFrom(path string, offset int64) string {
@@ -357,7 +357,7 @@ func readFrom(path string, offset int64) string {
 	if err != nil {
 		return ""
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	if _, err := f.Seek(offset, io.SeekStart); err != nil {
 		return ""
 	}

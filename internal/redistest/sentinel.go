@@ -131,7 +131,7 @@ func (s *Sentinel) masterAddr() (string, error) {
 		}
 		return net.JoinHostPort(hp[0], hp[1]), nil
 	}
-	return "", fmt.Errorf("no sentinel names the master: %v", lastErr)
+	return "", fmt.Errorf("no sentinel names the master: %w", lastErr)
 }
 
 // WaitMaster waits until every running sentinel names node as master and sees its replica (if
