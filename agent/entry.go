@@ -27,7 +27,9 @@ type entry struct {
 	// remaining is the global bucket's level after this agent's last grant plus the prefetched
 	// lease, in µ (for the remaining count a response carries, with the current lease's tokens).
 	remaining atomic.Int64
-	refilling atomic.Bool // a refill is queued or in flight
+	// refilling is set while a refill is queued (queued), in flight (inflight), or put off because
+	// a prefetched lease waits in next; it keeps checks below the low water from queueing another.
+	refilling atomic.Bool
 	touched   atomic.Bool // used since the eviction hand last passed (CLOCK)
 	dead      atomic.Bool // removed from the table
 	route     uint32
@@ -53,6 +55,8 @@ type entry struct {
 	sampledAt clock.Nanos
 	sampled   bool
 	scarce    bool   // the coordinator said the bucket is low: ask for less
+	queued    bool   // in the Limiter's refill queue
+	inflight  bool   // an Acquire for this entry is out
 	fail      *fails // nil until a refill of this key fails
 }
 
@@ -121,6 +125,14 @@ func (e *entry) cost() bucket.Micro {
 // usableLocked reports whether the current lease can serve cost at now.
 func (e *entry) usableLocked(now clock.Nanos, cost int64) bool {
 	return int64(now) < e.expires.Load() && e.tokens.Load() >= cost
+}
+
+// prefetchDoneLocked ends a prefetch whose lease has left the next slot (installed or dropped): the
+// next low water may queue another one, unless an Acquire for this entry is still out.
+func (e *entry) prefetchDoneLocked() {
+	if !e.inflight && !e.queued {
+		e.refilling.Store(false)
+	}
 }
 
 // wakeLocked releases the checks waiting for this entry's refill.

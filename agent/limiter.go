@@ -230,6 +230,9 @@ func (l *Limiter) slowCheck(now clock.Nanos, e *entry, c int64) Verdict {
 		}
 		if e.usableLocked(now, c) {
 			if left, ok := e.spend(now, c); ok {
+				if left < e.lowWater.Load() {
+					l.queueLocked(e)
+				}
 				return Verdict{Outcome: Allow, Remaining: bucket.Micro(left + e.remaining.Load()), Rule: e.rule, Limits: e.lim}
 			}
 			continue // a concurrent spender took the tokens
@@ -247,9 +250,7 @@ func (l *Limiter) slowCheck(now clock.Nanos, e *entry, c int64) Verdict {
 		if e.done == nil {
 			e.done = make(chan struct{})
 		}
-		if e.refilling.CompareAndSwap(false, true) {
-			l.enqueue(e)
-		}
+		l.queueLocked(e)
 		return Verdict{Outcome: Wait, ready: e.done, Rule: e.rule, Limits: e.lim}
 	}
 }
@@ -264,6 +265,7 @@ func (l *Limiter) promoteLocked(now clock.Nanos, e *entry) bool {
 	}
 	n := e.next
 	e.setNextLocked(grant{})
+	e.prefetchDoneLocked()
 	l.retireLocked(e)
 	if now >= n.expires {
 		l.queueReturn(e, n.tokens, n.grantedAt)
@@ -342,7 +344,15 @@ func (l *Limiter) shadow(e *entry, v Verdict) Verdict {
 
 // prefetch queues a refill ahead of need (the lease fell below its low water).
 func (l *Limiter) prefetch(e *entry) {
+	e.mu.Lock()
+	l.queueLocked(e)
+	e.mu.Unlock()
+}
+
+// queueLocked queues a refill of e unless one is queued, in flight or put off. e.mu is held.
+func (l *Limiter) queueLocked(e *entry) {
 	if e.refilling.CompareAndSwap(false, true) {
+		e.queued = true
 		l.enqueue(e)
 	}
 }

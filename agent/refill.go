@@ -57,26 +57,29 @@ func (l *Limiter) NextAcquire(now clock.Nanos) *Refill {
 			// A stale view's entry, or the Limiter is closed (an entry inserted by a Check racing
 			// Close): release its waiters, who check again against the current view.
 			e.mu.Lock()
+			e.queued = false
 			e.refilling.Store(false)
 			e.wakeLocked()
 			e.mu.Unlock()
 			continue
 		}
 		e.mu.Lock()
+		e.queued = false
 		if e.next.tokens > 0 && e.wantMin == 0 {
 			// A prefetch while the lease prefetched last time still waits to be installed (the
 			// next check does that): asking again would only add a lease that sits unused, or
-			// replace and return that one. The next prefetch comes from its low water.
-			e.refilling.Store(false)
+			// replace and return that one. refilling stays set, so checks below the low water do
+			// not queue it again; installing the waiting lease clears it (promoteLocked).
 			e.wakeLocked()
 			e.mu.Unlock()
 			continue
 		}
+		e.inflight = true
 		cost := e.cost()
 		least := max(e.wantMin, cost)
 		e.wantMin = 0
 		var share bucket.Micro = -1
-		if e.grantedAt != 0 { // the bucket's level has been reported (read before the sample moves sampledAt)
+		if e.grantedAt != 0 { // the bucket's level has been reported
 			share = shareCapLocked(now, e)
 		}
 		want := lease.Want(l.sampleDemandLocked(now, e), e.ttl(), least, e.lim.Bucket.Capacity())
@@ -109,20 +112,23 @@ func (l *Limiter) NextAcquire(now clock.Nanos) *Refill {
 
 // sampleDemandLocked updates the entry's demand estimate (µ per second) from what it consumed
 // since the last sample: the level then, plus what was installed, minus what was retired, minus
-// the level now. Samples shorter than minSample count as minSample, so a burst of a few requests
-// in a millisecond does not read as a rate of thousands per second.
+// the level now. A sample spans at least minSample: refills that come sooner leave the sample
+// open and accumulating, so a burst of a few requests in a millisecond does not read as a rate of
+// thousands per second, and refills every few milliseconds do not read as no demand at all.
 func (l *Limiter) sampleDemandLocked(now clock.Nanos, e *entry) bucket.Micro {
 	level := bucket.Micro(e.tokens.Load()) + e.next.tokens
-	if e.sampled {
-		used := max(0, e.acct-level)
-		rate := perSecond(used, max(now-e.sampledAt, minSample))
+	switch {
+	case !e.sampled:
+		e.acct, e.sampledAt, e.sampled = level, now, true
+	case now-e.sampledAt >= minSample:
+		rate := perSecond(max(0, e.acct-level), now-e.sampledAt)
 		if e.demand == 0 {
 			e.demand = rate
 		} else {
 			e.demand = (e.demand + rate) / 2
 		}
+		e.acct, e.sampledAt = level, now
 	}
-	e.acct, e.sampledAt, e.sampled = level, now, true
 	return e.demand
 }
 
@@ -143,7 +149,8 @@ func perSecond(used bucket.Micro, elapsed clock.Nanos) bucket.Micro {
 
 // shareCapLocked is what the coordinator's share rule (lease.Share of the global level) would
 // grant now, as this agent last saw the bucket: the level its last answer reported, plus the
-// refill since that Acquire was sent (sampledAt), at most the capacity. Asking for no more than
+// refill since the last demand sample (sampledAt, at or before that Acquire was sent: the
+// estimate errs high), at most the capacity. Asking for no more than
 // that, in whole requests, keeps grants whole: a grant cut by the share to a fraction of a request
 // strands that fraction while the bucket, short of it, denies. Other agents make the view stale;
 // a fraction that still comes is handed back at once (grantLocked).
@@ -200,6 +207,7 @@ func (l *Limiter) ApplyAcquire(now clock.Nanos, r *Refill, resp *coordinatorv1.A
 		}
 		for _, e := range r.entries {
 			e.mu.Lock()
+			e.inflight = false
 			l.failLocked(now, e)
 			e.mu.Unlock()
 		}
@@ -208,6 +216,7 @@ func (l *Limiter) ApplyAcquire(now clock.Nanos, r *Refill, resp *coordinatorv1.A
 	for i, e := range r.entries {
 		res := resp.Results[i]
 		e.mu.Lock()
+		e.inflight = false
 		switch res.Status {
 		case coordinatorv1.Status_STATUS_OK:
 			l.grantLocked(now, r, e, res)
@@ -330,6 +339,9 @@ func (l *Limiter) evicted(e *entry) {
 	l.retireEntry(e, true)
 }
 
+// refKey identifies a bucket among the items of one call.
+type refKey struct{ rule, route, operation, tenant, region string }
+
 // returnItem is a retired lease on its way back to a coordinator.
 type returnItem struct {
 	version   string
@@ -361,12 +373,24 @@ func (l *Limiter) NextReturn() *Return {
 	}
 	version := l.returns[0].version
 	req := &coordinatorv1.ReturnRequest{AgentId: l.cfg.AgentID, PolicyVersion: version}
+	// One item per bucket: a coordinator answers a second item of one key from the first one's
+	// idempotency record (same agent and seq), so two leases of a key go back as one, credited as
+	// the older grant (more decay: never more than the two would be credited apart).
+	index := make(map[refKey]int)
 	rest := l.returns[:0]
 	for _, it := range l.returns {
+		k := refKey{it.ref.Rule, it.ref.Route, it.ref.Operation, it.ref.Tenant, it.ref.Region}
+		if i, ok := index[k]; ok && it.version == version {
+			merged := req.Items[i]
+			merged.UnspentMicro += int64(it.unspent)
+			merged.GrantedAtMs = min(merged.GrantedAtMs, int64(it.grantedAt))
+			continue
+		}
 		if it.version != version || len(req.Items) == MaxBatch {
 			rest = append(rest, it)
 			continue
 		}
+		index[k] = len(req.Items)
 		req.Items = append(req.Items, &coordinatorv1.ReturnItem{
 			Bucket: it.ref, UnspentMicro: int64(it.unspent), GrantedAtMs: int64(it.grantedAt),
 		})
@@ -423,6 +447,7 @@ func (l *Limiter) Expire(now clock.Nanos, from, n int) int {
 				l.queueReturn(e, e.next.tokens, e.next.grantedAt)
 				e.acct -= e.next.tokens
 				e.setNextLocked(grant{})
+				e.prefetchDoneLocked()
 			}
 			if e.next.tokens > 0 && !e.usableLocked(now, 1) {
 				l.promoteLocked(now, e)
