@@ -48,6 +48,7 @@ type Limiter struct {
 	cfg  Config
 	view atomic.Pointer[view]
 	seq  atomic.Uint64
+	rtt  atomic.Int64 // clock.Nanos: the slowest recent Acquire round trip (observeRTT)
 
 	qmu     sync.Mutex
 	queue   []*entry     // entries waiting for a refill
@@ -241,7 +242,7 @@ func (l *Limiter) slowCheck(now clock.Nanos, e *entry, c int64) Verdict {
 			continue
 		}
 		if exp := e.expires.Load(); exp != 0 && int64(now) >= exp {
-			l.retireLocked(e) // expired: hand back what is left now rather than at the next sweep
+			l.retireExpiredLocked(now, e) // expired: hand back what is left now rather than at the next sweep
 		}
 		if e.fail != nil && now < e.fail.until {
 			return l.failureLocked(now, e, c)
@@ -268,7 +269,7 @@ func (l *Limiter) promoteLocked(now clock.Nanos, e *entry) bool {
 	e.prefetchDoneLocked()
 	l.retireLocked(e)
 	if now >= n.expires {
-		l.queueReturn(e, n.tokens, n.grantedAt)
+		l.returnExpiredLocked(now, e, n)
 		e.acct -= n.tokens
 		return false
 	}
@@ -378,6 +379,7 @@ type Stats struct {
 	ItemFailures   atomic.Uint64 // items failed by the store or the policy
 	Returns        atomic.Uint64 // leases sent back in Returns
 	ReturnedMicro  atomic.Uint64 // µ sent back in Returns
+	ReturnsSkipped atomic.Uint64 // expired leases not returned: the refill since their grant covers them
 	CreditedMicro  atomic.Uint64 // µ the coordinators credited
 	LostMicro      atomic.Uint64 // µ of Returns that failed
 	Expired        atomic.Uint64 // leases that expired with tokens left

@@ -199,6 +199,9 @@ func (l *Limiter) ApplyAcquire(now clock.Nanos, r *Refill, resp *coordinatorv1.A
 		err = errors.New("agent: acquire answered a different number of items")
 	}
 	var mismatch error
+	if err == nil {
+		l.observeRTT(now - r.sentAt)
+	}
 	if err != nil {
 		l.stats.AcquireErrors.Add(1)
 		if isUnknownVersion(err) {
@@ -316,6 +319,44 @@ func isUnknownVersion(err error) bool {
 func (l *Limiter) retireLocked(e *entry) {
 	if unspent, grantedAt := e.retireLocked(); unspent > 0 {
 		l.queueReturn(e, unspent, grantedAt)
+	}
+}
+
+// retireExpiredLocked ends e's current lease, which expired by now, and queues its unspent tokens
+// for return unless the coordinator would credit none of them.
+func (l *Limiter) retireExpiredLocked(now clock.Nanos, e *entry) {
+	expires := clock.Nanos(e.expires.Load())
+	if unspent, grantedAt := e.retireLocked(); unspent > 0 {
+		l.returnExpiredLocked(now, e, grant{tokens: unspent, grantedAt: grantedAt, expires: expires})
+	}
+}
+
+// returnExpiredLocked queues the unspent tokens of an expired lease g for return, unless the
+// coordinator would credit none of them: a return is credited its unspent tokens less the refill
+// since the grant (bucket.State.Return), and the grant was at the latest when its answer came
+// back — the send (expires + Guard - TTL) plus the slowest recent round trip. If the refill since
+// then already covers the unspent tokens, the Return would cost a store operation for nothing.
+func (l *Limiter) returnExpiredLocked(now clock.Nanos, e *entry, g grant) {
+	received := g.expires + l.cfg.Guard - clock.Of(e.ttl()) + clock.Nanos(l.rtt.Load())
+	if age := now - received; age > 0 && g.tokens <= e.lim.Bucket.Refilled(bucket.Millis(age/clock.Nanos(time.Millisecond))) {
+		l.stats.ReturnsSkipped.Add(1)
+		return
+	}
+	l.queueReturn(e, g.tokens, g.grantedAt)
+}
+
+// observeRTT keeps the slowest recent Acquire round trip: up at once, down by a sixteenth of the
+// difference per answer.
+func (l *Limiter) observeRTT(rtt clock.Nanos) {
+	for {
+		old := l.rtt.Load()
+		next := int64(rtt)
+		if next < old {
+			next = old - (old-next)/16
+		}
+		if l.rtt.CompareAndSwap(old, next) {
+			return
+		}
 	}
 }
 
@@ -440,11 +481,11 @@ func (l *Limiter) Expire(now clock.Nanos, from, n int) int {
 				if e.tokens.Load() > 0 {
 					l.stats.Expired.Add(1)
 				}
-				l.retireLocked(e)
+				l.retireExpiredLocked(now, e)
 			}
 			if e.next.tokens > 0 && now >= e.next.expires {
 				l.stats.Expired.Add(1)
-				l.queueReturn(e, e.next.tokens, e.next.grantedAt)
+				l.returnExpiredLocked(now, e, e.next)
 				e.acct -= e.next.tokens
 				e.setNextLocked(grant{})
 				e.prefetchDoneLocked()

@@ -105,6 +105,19 @@ func (l Limit) Rate() (num, den int64) { return l.num, l.den }
 // FillTime is the time an empty bucket takes to fill, rounded up; 0 if it never refills.
 func (l Limit) FillTime() Millis { return l.fill }
 
+// Refilled is what the bucket refills in elapsed ms from empty, rounded down and capped at the
+// capacity.
+func (l Limit) Refilled(elapsed Millis) Micro {
+	switch {
+	case elapsed <= 0 || l.num == 0:
+		return 0
+	case elapsed >= l.fill:
+		return l.capacity
+	}
+	add, _ := l.added(elapsed, 0)
+	return add
+}
+
 // Refills reports whether the bucket refills at all.
 func (l Limit) Refills() bool { return l.num > 0 }
 
