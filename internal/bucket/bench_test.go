@@ -38,3 +38,22 @@ func BenchmarkNewLimit(b *testing.B) {
 		}
 	}
 }
+
+func TestRefilled(t *testing.T) {
+	l, err := NewLimit(20*PerToken, 100*PerToken, 60_000) // 5000 µ per 3 ms, full in 12 s
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		elapsed Millis
+		want    Micro
+	}{{-5, 0}, {0, 0}, {1, 1666}, {3, 5000}, {600, PerToken}, {11_999, 19_998_333}, {12_000, 20 * PerToken}, {1 << 40, 20 * PerToken}} {
+		if got := l.Refilled(tc.elapsed); got != tc.want {
+			t.Errorf("Refilled(%d ms) = %d µ, want %d", tc.elapsed, got, tc.want)
+		}
+	}
+	never, _ := NewLimit(PerToken, 0, 0)
+	if got := never.Refilled(1 << 40); got != 0 {
+		t.Errorf("a bucket that never refills: Refilled = %d, want 0", got)
+	}
+}
