@@ -18,6 +18,7 @@ import (
 	"github.com/leasebucket/leasebucket/internal/clock"
 	"github.com/leasebucket/leasebucket/internal/lease"
 	"github.com/leasebucket/leasebucket/policy"
+	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
 )
 
 // Config shapes a Limiter.
@@ -36,6 +37,10 @@ type Config struct {
 	// Notify is called (without locks held, never blocking for long) when a refill is queued:
 	// the shell's cue to call NextAcquire.
 	Notify func()
+	// Skipped, if set, is told of each expired lease that is not returned because the
+	// coordinator would credit none of it (returnExpiredLocked). It runs with the entry's lock
+	// held and must not call back into the Limiter. The simulator keeps its ledgers with it.
+	Skipped func(ref *coordinatorv1.BucketRef, unspent bucket.Micro)
 }
 
 // DefaultMaxKeys bounds the lease table when Config.MaxKeys is 0: a million keys stay within a
@@ -380,6 +385,7 @@ type Stats struct {
 	Returns        atomic.Uint64 // leases sent back in Returns
 	ReturnedMicro  atomic.Uint64 // µ sent back in Returns
 	ReturnsSkipped atomic.Uint64 // expired leases not returned: the refill since their grant covers them
+	SkippedMicro   atomic.Uint64 // µ of those leases
 	CreditedMicro  atomic.Uint64 // µ the coordinators credited
 	LostMicro      atomic.Uint64 // µ of Returns that failed
 	Expired        atomic.Uint64 // leases that expired with tokens left

@@ -340,6 +340,10 @@ func (l *Limiter) returnExpiredLocked(now clock.Nanos, e *entry, g grant) {
 	received := g.expires + l.cfg.Guard - clock.Of(e.ttl()) + clock.Nanos(l.rtt.Load())
 	if age := now - received; age > 0 && g.tokens <= e.lim.Bucket.Refilled(bucket.Millis(age/clock.Nanos(time.Millisecond))) {
 		l.stats.ReturnsSkipped.Add(1)
+		l.stats.SkippedMicro.Add(uint64(g.tokens))
+		if l.cfg.Skipped != nil {
+			l.cfg.Skipped(l.ref(e.view, e), g.tokens)
+		}
 		return
 	}
 	l.queueReturn(e, g.tokens, g.grantedAt)

@@ -1,0 +1,153 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/leasebucket/leasebucket/coordinator"
+	"github.com/leasebucket/leasebucket/coordinator/memstore"
+	"github.com/leasebucket/leasebucket/internal/bucket"
+)
+
+// store is one place buckets live: the global store (in the home region) or a region's store
+// for regional rules. Each is a real memstore on the virtual clock.
+type store struct {
+	name       string
+	outageName string // how an outage names it: global or the region
+	region     int
+	mem        *memstore.Store
+	ops        int64
+	keys       int
+}
+
+// storeShell is the coordinator.Store a region's coordinators see: it routes each key to the
+// store holding it, fails the keys a partition or an outage makes unreachable, counts operations,
+// checks the budget bound on what the grant rule hands out, and — only when a scenario asks for a
+// broken grant rule (faults.overgrant_factor) — reports grants larger than what was debited.
+type storeShell struct {
+	w      *world
+	region int
+}
+
+var _ coordinator.Store = (*storeShell)(nil)
+
+var (
+	errUnreachable = errors.New("sim: store unreachable")
+	errAllDown     = errors.New("sim: every store of the batch is unreachable")
+)
+
+func (s *storeShell) reachable(st int) bool {
+	w := s.w
+	if o := w.storeOutage(st, w.now); o != nil {
+		return false
+	}
+	sr := w.stores[st].region
+	return sr == s.region || !w.partitioned(s.region, w.now) && !w.partitioned(sr, w.now)
+}
+
+// route resolves a request's key; keys the simulator did not derive from its identities cannot
+// reach a store (the coordinator derives the same keys from the same policy).
+func (s *storeShell) route(name string) (*key, error) {
+	k := s.w.keyIdx[name]
+	if k == nil {
+		return nil, fmt.Errorf("sim: unknown bucket key %q", name)
+	}
+	return k, nil
+}
+
+// Take implements coordinator.Store.
+func (s *storeShell) Take(ctx context.Context, reqs []coordinator.TakeRequest) ([]coordinator.TakeResult, error) {
+	w := s.w
+	out := make([]coordinator.TakeResult, len(reqs))
+	served := 0
+	for i := range reqs {
+		k, err := s.route(reqs[i].Key)
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
+		if !s.reachable(k.store) {
+			out[i].Err = errUnreachable
+			continue
+		}
+		served++
+		st := w.stores[k.store]
+		res, err := st.mem.Take(ctx, reqs[i:i+1])
+		if err != nil {
+			return nil, err
+		}
+		st.ops++
+		k.ops++
+		w.res.Backend.StoreOps++
+		w.second(w.now).StoreOps++
+		r := res[0]
+		if r.Err == nil && !r.Replayed && !r.Stale {
+			k.level = bucket.State{Tokens: r.Remaining, Last: r.Now}
+		}
+		if r.Err == nil && r.Granted > 0 && !r.Replayed && !r.Stale {
+			if f := w.overgrant; f > 1 {
+				r.Granted = bucket.Micro(float64(r.Granted) * f)
+			}
+			k.grants++
+			k.granted += int64(r.Granted)
+			s.budget(k, float64(r.Granted))
+		}
+		out[i] = r
+	}
+	if served == 0 && len(reqs) > 0 {
+		return nil, errAllDown
+	}
+	return out, nil
+}
+
+// Return implements coordinator.Store.
+func (s *storeShell) Return(ctx context.Context, reqs []coordinator.ReturnRequest) ([]coordinator.ReturnResult, error) {
+	w := s.w
+	out := make([]coordinator.ReturnResult, len(reqs))
+	served := 0
+	for i := range reqs {
+		k, err := s.route(reqs[i].Key)
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
+		if !s.reachable(k.store) {
+			out[i].Err = errUnreachable
+			continue
+		}
+		served++
+		st := w.stores[k.store]
+		res, err := st.mem.Return(ctx, reqs[i:i+1])
+		if err != nil {
+			return nil, err
+		}
+		st.ops++
+		k.ops++
+		w.res.Backend.StoreOps++
+		w.second(w.now).StoreOps++
+		r := res[0]
+		if r.Err == nil && !r.Replayed && !r.Stale {
+			k.level = bucket.State{Tokens: r.Remaining, Last: r.Now}
+		}
+		if r.Err == nil && r.Granted > 0 && !r.Replayed && !r.Stale {
+			s.budget(k, -float64(r.Granted))
+		}
+		out[i] = r
+	}
+	if served == 0 && len(reqs) > 0 {
+		return nil, errAllDown
+	}
+	return out, nil
+}
+
+// budget checks DESIGN §5's budget bound on key: what the grant rule hands out minus what is
+// credited back, in any window of length w, is at most C + r·w.
+func (s *storeShell) budget(k *key, x float64) {
+	w := s.w
+	if e := k.budget.add(w.now, x, k.rate); e > k.budgetBound+tolerance {
+		w.violate("budget", k.name, w.now,
+			"net grants in [%s, %s] exceed C + r·w by %s tokens", time.Duration(k.budget.start), time.Duration(w.now), tokens(int64(e-k.budgetBound)))
+	}
+}
