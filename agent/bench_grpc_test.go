@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,12 +15,14 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/leasebucket/leasebucket/agent"
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/memstore"
+	"github.com/leasebucket/leasebucket/internal/audit"
 	"github.com/leasebucket/leasebucket/internal/clock"
 	"github.com/leasebucket/leasebucket/policy"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
@@ -69,7 +72,16 @@ func benchServerMain() int {
 	ref := agent.NewRefresher(agent.RefresherConfig{Coordinator: coordinator.NewService(memstore.New(), set), Clock: clk, Logger: log})
 	lim := agent.New(agent.Config{AgentID: "bench", Guard: clock.Guard, Notify: ref.Notify}, set)
 	ref.Start(lim)
-	srv := agent.NewServer(agent.ServerConfig{Limiter: lim, Clock: clk, Metrics: agent.NewMetrics()})
+	// Audit as the agent runs by default: allows sampled at 0.1 %, everything else written, as
+	// JSON (here to io.Discard).
+	q, err := audit.New(audit.Config{SampleAllow: audit.DefaultSampleAllow, Sink: audit.NewJSONSink(zapcore.AddSync(io.Discard), "bench"), Clock: clk})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	q.Start()
+	defer func() { _ = q.Close(context.Background()) }()
+	srv := agent.NewServer(agent.ServerConfig{Limiter: lim, Clock: clk, Metrics: agent.NewMetrics(), Audit: q})
 	var servers []*grpc.Server
 	for _, name := range []string{"agent.sock", "empty.sock"} {
 		ln, err := agent.ListenUnix(filepath.Join(dir, name), 0, -1)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,7 +26,21 @@ type Metrics struct {
 	refill      prometheus.Histogram
 	callErrors  *prometheus.CounterVec
 	decisionMap sync.Map // decisionKey → prometheus.Counter: skips the label hashing per check
+
+	nearLimit      *prometheus.CounterVec
+	nearLimitMap   sync.Map // rule name → prometheus.Counter
+	failureAnswers *prometheus.CounterVec
+	replays        prometheus.Counter
+	pending        prometheus.Counter
+	batchChecks    *prometheus.HistogramVec
+	streams        prometheus.Gauge
+	envoyAnswers   *prometheus.CounterVec
+	idem           atomic.Pointer[idempotency]
 }
+
+// nearLimitFraction: an allow that leaves less than this fraction of the rule's burst (as this
+// agent sees it) is counted as near the limit: the tenant is about to be denied.
+const nearLimitFraction = 10 // 1/10
 
 type decisionKey struct {
 	rule    string
@@ -56,13 +71,53 @@ func NewMetrics() *Metrics {
 			Namespace: "leasebucket", Subsystem: "agent", Name: "coordinator_errors_total",
 			Help: "Coordinator calls that failed as a whole, by call (acquire, return) and gRPC code.",
 		}, []string{"call", "code"}),
+		nearLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "leasebucket", Subsystem: "agent", Name: "near_limit_allows_total",
+			Help: "Allows that left less than a tenth of the rule's burst, as this agent sees it, by rule.",
+		}, []string{"rule"}),
+		failureAnswers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "leasebucket", Subsystem: "agent", Name: "failure_mode_answers_total",
+			Help: "Checks answered by the rule's failure mode (degraded mode): unavailable (fail closed), or allow/deny by the emergency bucket; by rule and outcome.",
+		}, []string{"rule", "outcome"}),
+		replays: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "leasebucket", Subsystem: "agent", Name: "idempotent_replays_total",
+			Help: "Idempotent repeats answered with the first decision, not charged again (not in decisions_total).",
+		}),
+		pending: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "leasebucket", Subsystem: "agent", Name: "idempotency_pending_total",
+			Help: "Repeats of an idempotency key answered ABORTED because the first check was still being decided after the wait bound.",
+		}),
+		batchChecks: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "leasebucket", Subsystem: "agent", Name: "batch_checks",
+			Help:    "Checks per CheckBatch request or CheckStream message, by api (batch, stream).",
+			Buckets: []float64{1, 4, 16, 64, 256, 1024},
+		}, []string{"api"}),
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "leasebucket", Subsystem: "agent", Name: "check_streams",
+			Help: "CheckStream calls open.",
+		}),
+		envoyAnswers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "leasebucket", Subsystem: "agent", Name: "envoy_requests_total",
+			Help: "Envoy ShouldRateLimit requests by answer: ok, over_limit, invalid (INVALID_ARGUMENT), unavailable (a fail-closed descriptor: UNAVAILABLE), error.",
+		}, []string{"code"}),
 	}
 }
 
 // Register registers the metrics with reg, with the counters of lim and, if ref is not nil, the
 // calls in flight of ref, read at scrape time.
 func (m *Metrics) Register(reg prometheus.Registerer, lim *Limiter, ref *Refresher) error {
-	for _, c := range []prometheus.Collector{m.decisions, m.invalids, m.fallbacks, m.refill, m.callErrors, &coreCollector{lim: lim, ref: ref}} {
+	idemKeys := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "leasebucket", Subsystem: "agent", Name: "idempotency_keys",
+		Help: "Idempotency keys remembered (allows answered to a check with a key, within the window).",
+	}, func() float64 {
+		if i := m.idem.Load(); i != nil {
+			return float64(i.len())
+		}
+		return 0
+	})
+	for _, c := range []prometheus.Collector{m.decisions, m.invalids, m.fallbacks, m.refill, m.callErrors,
+		m.nearLimit, m.failureAnswers, m.replays, m.pending, m.batchChecks, m.streams, m.envoyAnswers, idemKeys,
+		&coreCollector{lim: lim, ref: ref}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -83,14 +138,65 @@ func (m *Metrics) decision(v Verdict) {
 		c, _ = m.decisionMap.LoadOrStore(k, m.decisions.WithLabelValues(k.rule, k.outcome.String()))
 	}
 	c.(prometheus.Counter).Inc()
+	switch {
+	case v.Degraded || v.Outcome == Unavailable:
+		m.failureAnswers.WithLabelValues(k.rule, k.outcome.String()).Inc()
+	case v.Outcome == Allow && !v.ShadowDeny && v.Limits != nil && v.Remaining*nearLimitFraction < v.Limits.Bucket.Capacity():
+		c, ok := m.nearLimitMap.Load(k.rule)
+		if !ok {
+			c, _ = m.nearLimitMap.LoadOrStore(k.rule, m.nearLimit.WithLabelValues(k.rule))
+		}
+		c.(prometheus.Counter).Inc()
+	}
 }
 
 func (m *Metrics) invalid(err error) {
 	if m == nil || errors.Is(err, ErrClosed) {
 		return
 	}
-	if errors.Is(err, ErrInvalidTenant) || errors.Is(err, ErrInvalidRoute) || errors.Is(err, ErrInvalidCost) {
+	switch {
+	case invalidCheck(err):
 		m.invalids.Inc()
+	case errors.Is(err, ErrIdempotencyPending):
+		m.pending.Inc()
+	}
+}
+
+// invalidRequest counts a request rejected as a whole (an oversized batch), with the malformed
+// checks.
+func (m *Metrics) invalidRequest() {
+	if m != nil {
+		m.invalids.Inc()
+	}
+}
+
+func (m *Metrics) replay() {
+	if m != nil {
+		m.replays.Inc()
+	}
+}
+
+func (m *Metrics) batch(api string, n int) {
+	if m != nil {
+		m.batchChecks.WithLabelValues(api).Observe(float64(n))
+	}
+}
+
+func (m *Metrics) stream(delta float64) {
+	if m != nil {
+		m.streams.Add(delta)
+	}
+}
+
+func (m *Metrics) envoy(code string) {
+	if m != nil {
+		m.envoyAnswers.WithLabelValues(code).Inc()
+	}
+}
+
+func (m *Metrics) watchIdempotency(i *idempotency) {
+	if m != nil {
+		m.idem.Store(i)
 	}
 }
 

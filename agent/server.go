@@ -3,9 +3,12 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/bits"
+	"sync"
 	"time"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -13,8 +16,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/leasebucket/leasebucket/internal/audit"
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
+	"github.com/leasebucket/leasebucket/policy"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
 
@@ -36,11 +41,22 @@ type ServerConfig struct {
 	MaxWait time.Duration // DefaultMaxWait if zero
 	Metrics *Metrics      // nil: none
 	Logger  *zap.Logger
+	// IdempotencyWindow is how long a repeat of (bucket, idempotency key) is answered with the
+	// first decision: DefaultIdempotencyWindow if zero; negative turns idempotency keys off (a
+	// repeat is charged again).
+	IdempotencyWindow time.Duration
+	// IdempotencyKeys bounds the remembered keys (DefaultIdempotencyKeys if zero).
+	IdempotencyKeys int
+	// Audit receives an event for every deny, unavailable, degraded and shadow-would-deny answer
+	// and for sampled allows; nil: no audit.
+	Audit *audit.Queue
 }
 
-// Server is the agent's gRPC face: AgentService over the check path. It validates nothing itself
-// (the Limiter rejects malformed checks) and maps errors to status codes; every API of the agent
-// (Check now; CheckBatch, CheckStream and Envoy's RateLimitService next) decides through Decide.
+// Server is the agent's gRPC face: AgentService (Check, CheckBatch, CheckStream) and Envoy's
+// RateLimitService over the check path. It validates nothing itself (the Limiter rejects
+// malformed checks) and maps errors to status codes; every API decides through the same path
+// (start, settle, record below), so waits, failure modes, idempotency, metrics and audit are the
+// same whichever API a gateway uses.
 type Server struct {
 	agentv1.UnimplementedAgentServiceServer
 	lim     *Limiter
@@ -48,6 +64,11 @@ type Server struct {
 	maxWait time.Duration
 	metrics *Metrics
 	log     *zap.Logger
+	idem    *idempotency // nil: off
+	audit   *audit.Queue // nil: off
+
+	draining  chan struct{} // closed by Drain: streams end
+	drainOnce sync.Once
 }
 
 // NewServer returns a Server over cfg.Limiter.
@@ -58,87 +79,276 @@ func NewServer(cfg ServerConfig) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	return &Server{lim: cfg.Limiter, clk: cfg.Clock, maxWait: cfg.MaxWait, metrics: cfg.Metrics, log: cfg.Logger}
+	s := &Server{lim: cfg.Limiter, clk: cfg.Clock, maxWait: cfg.MaxWait, metrics: cfg.Metrics, log: cfg.Logger,
+		audit: cfg.Audit, draining: make(chan struct{})}
+	if cfg.IdempotencyWindow >= 0 {
+		if cfg.IdempotencyWindow == 0 {
+			cfg.IdempotencyWindow = DefaultIdempotencyWindow
+		}
+		if cfg.IdempotencyKeys <= 0 {
+			cfg.IdempotencyKeys = DefaultIdempotencyKeys
+		}
+		s.idem = newIdempotency(cfg.IdempotencyWindow, cfg.IdempotencyKeys)
+		s.metrics.watchIdempotency(s.idem)
+	}
+	return s
 }
 
-// Register registers AgentService and grpc.health.v1 on g and returns the health server, which
-// reports SERVING for "" and for AgentService until its Shutdown.
+// Register registers AgentService, Envoy's RateLimitService and grpc.health.v1 on g and returns
+// the health server, which reports SERVING for "" and for both services until its Shutdown.
 func (s *Server) Register(g *grpc.Server) *health.Server {
 	agentv1.RegisterAgentServiceServer(g, s)
+	ratelimitv3.RegisterRateLimitServiceServer(g, envoyServer{s: s})
 	h := health.NewServer()
 	h.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	h.SetServingStatus(agentv1.AgentService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	h.SetServingStatus(ratelimitv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(g, h)
 	return h
 }
 
-// Decide is the check path. It asks the Limiter at the coarse clock's now; without a usable lease
-// it waits for the refill the Limiter queued (at most MaxWait, and never past the caller's
-// deadline less a margin) and asks again; past that bound the rule's failure mode answers
-// (Limiter.Fallback). Errors are malformed checks (ErrInvalid*), ErrClosed, or context.Canceled
-// when the caller went away. Decisions are counted in the metrics.
-func (s *Server) Decide(ctx context.Context, q Query) (Verdict, error) {
-	v, err := s.decide(ctx, q)
-	if err != nil {
-		s.metrics.invalid(err)
-		return v, err
-	}
-	s.metrics.decision(v)
-	return v, nil
+// Drain ends every CheckStream: each answers the messages it has read (waiting at most MaxWait
+// for refills), then ends with UNAVAILABLE, so a gateway reconnects elsewhere while the gRPC
+// server's GracefulStop waits only for unary calls. Call it when shutting down, after the health
+// server says NOT_SERVING. New streams end at once.
+func (s *Server) Drain() {
+	s.drainOnce.Do(func() { close(s.draining) })
 }
 
-func (s *Server) decide(ctx context.Context, q Query) (Verdict, error) {
-	v, err := s.lim.Check(s.clk.Now(), q)
-	if err != nil || v.Outcome != Wait {
-		return v, err
+// The entry points of a check, as audit events name them.
+const (
+	apiCheck  = "check"
+	apiBatch  = "batch"
+	apiStream = "stream"
+	apiEnvoy  = "envoy"
+)
+
+// Decide is the check path for one query (no idempotency key). It asks the Limiter at the coarse
+// clock's now; without a usable lease it waits for the refill the Limiter queued (at most
+// MaxWait, and never past the caller's deadline less a margin) and asks again; past that bound
+// the rule's failure mode answers (Limiter.Fallback). Errors are malformed checks (ErrInvalid*),
+// ErrClosed, or context.Canceled when the caller went away. Decisions are counted in the metrics
+// and audited.
+func (s *Server) Decide(ctx context.Context, q Query) (Verdict, error) {
+	sl := [1]slot{{q: q}}
+	s.decide(ctx, apiCheck, sl[:])
+	return sl[0].v, sl[0].err
+}
+
+// slot is one check on its way through the check path.
+type slot struct {
+	q        Query
+	key      string // idempotency key; "" for none
+	v        Verdict
+	err      error
+	state    slotState
+	ik       idemKey     // with key: the bucket and idempotency key
+	rec      *idemRecord // with key: the record this check leads or follows
+	leader   bool        // this check decides rec
+	replayed bool        // answered with rec's decision
+}
+
+type slotState uint8
+
+const (
+	slotDone  slotState = iota
+	slotLease           // waits for a refill (v.Ready)
+	slotFirst           // waits for the first check of its idempotency key (rec.done)
+)
+
+// decide runs the check path over slots: start each without blocking, settle those that wait
+// (one wait bound for all), then count and audit each.
+func (s *Server) decide(ctx context.Context, api string, slots []slot) {
+	now := s.clk.Now()
+	if s.startAll(now, slots) {
+		s.settle(ctx, slots)
 	}
+	s.recordAll(api, now, slots)
+}
+
+// startAll starts every slot and reports whether any waits.
+func (s *Server) startAll(now clock.Nanos, slots []slot) (pending bool) {
+	for i := range slots {
+		s.start(now, &slots[i])
+		pending = pending || slots[i].state != slotDone
+	}
+	return pending
+}
+
+// recordAll counts and audits every slot.
+func (s *Server) recordAll(api string, now clock.Nanos, slots []slot) {
+	for i := range slots {
+		s.record(api, now, &slots[i])
+	}
+}
+
+// start takes the first, non-blocking step of a check: a replay of a remembered decision, a
+// decision, or a wait (for a refill, or for the first check of the same idempotency key).
+func (s *Server) start(now clock.Nanos, sl *slot) {
+	if sl.key != "" && s.idem != nil {
+		if sl.ik.bucket == "" {
+			ik, err := s.idemKey(sl.q, sl.key)
+			if err != nil {
+				s.resolve(sl, Verdict{}, err)
+				return
+			}
+			sl.ik = ik
+		}
+		sl.rec, sl.leader = s.idem.begin(now, sl.ik)
+		if !sl.leader {
+			select {
+			case <-sl.rec.done: // decided and remembered (begin finds no other done record)
+				sl.v, sl.replayed, sl.state = sl.rec.v, true, slotDone
+			default:
+				sl.state = slotFirst
+			}
+			return
+		}
+	}
+	v, err := s.lim.Check(now, sl.q)
+	if err == nil && v.Outcome == Wait {
+		sl.v, sl.state = v, slotLease
+		return
+	}
+	s.resolve(sl, v, err)
+}
+
+// idemKey names the bucket a check is charged to, for its idempotency key.
+func (s *Server) idemKey(q Query, key string) (idemKey, error) {
+	if len(key) > MaxIdempotencyKey {
+		return idemKey{}, fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidIdempotencyKey, len(key), MaxIdempotencyKey)
+	}
+	set := s.lim.Policy()
+	r, err := set.Match(q.Path, q.Operation)
+	if err != nil {
+		return idemKey{}, fmt.Errorf("%w: %w", ErrInvalidRoute, err)
+	}
+	bk, err := set.Key(r, q.Tenant, s.lim.cfg.Region)
+	if err != nil {
+		if errors.Is(err, policy.ErrInvalidTenant) {
+			return idemKey{}, fmt.Errorf("%w: %w", ErrInvalidTenant, err)
+		}
+		return idemKey{}, fmt.Errorf("%w: %w", ErrInvalidRoute, err)
+	}
+	return idemKey{bucket: bk, key: key}, nil
+}
+
+// resolve completes a slot; the leader of an idempotency key publishes its decision at once,
+// so a repeat waiting in the same batch sees it.
+func (s *Server) resolve(sl *slot, v Verdict, err error) {
+	sl.v, sl.err, sl.state = v, err, slotDone
+	if sl.leader {
+		s.idem.finish(sl.ik, sl.rec, v, err)
+		sl.leader = false
+	}
+}
+
+// settle waits for the slots that wait, all under one bound: MaxWait from now, and never past
+// the caller's deadline less a margin. Past it, a check waiting for a refill gets its rule's
+// failure mode, and one waiting for the first check of its idempotency key gets
+// ErrIdempotencyPending. A caller that goes away ends every wait with its context's error.
+func (s *Server) settle(ctx context.Context, slots []slot) {
 	wait := s.maxWait
 	if d, ok := ctx.Deadline(); ok {
 		wait = min(wait, time.Until(d)-deadlineMargin)
 	}
-	if wait <= 0 {
-		s.metrics.fallback()
-		return s.lim.Fallback(s.clk.Now(), q)
+	expired := wait <= 0
+	var timeout <-chan time.Time
+	if !expired {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		timeout = t.C
 	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	for v.Outcome == Wait {
-		select {
-		case <-v.Ready():
-		case <-t.C:
-			s.metrics.fallback()
-			return s.lim.Fallback(s.clk.Now(), q)
-		case <-ctx.Done():
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				// The deadline came with the timer (its margin was eaten by scheduling): answer.
-				s.metrics.fallback()
-				return s.lim.Fallback(s.clk.Now(), q)
+	for i := range slots {
+		sl := &slots[i]
+		for !expired && sl.state != slotDone {
+			ready := sl.v.Ready()
+			if sl.state == slotFirst {
+				ready = sl.rec.done
 			}
-			return Verdict{}, ctx.Err()
+			select {
+			case <-ready:
+				s.proceed(sl)
+			case <-timeout:
+				expired = true
+			case <-ctx.Done():
+				if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+					for j := i; j < len(slots); j++ {
+						if slots[j].state != slotDone {
+							s.resolve(&slots[j], Verdict{}, ctx.Err())
+						}
+					}
+					return
+				}
+				// The deadline came with the timer (its margin was eaten by scheduling): answer.
+				expired = true
+			}
 		}
-		if v, err = s.lim.Check(s.clk.Now(), q); err != nil {
-			return v, err
+		switch sl.state {
+		case slotLease:
+			s.metrics.fallback()
+			v, err := s.lim.Fallback(s.clk.Now(), sl.q)
+			s.resolve(sl, v, err)
+		case slotFirst:
+			s.resolve(sl, Verdict{}, ErrIdempotencyPending)
 		}
 	}
-	return v, nil
+}
+
+// proceed takes the next step of a slot whose wait ended.
+func (s *Server) proceed(sl *slot) {
+	if sl.state == slotLease {
+		v, err := s.lim.Check(s.clk.Now(), sl.q)
+		if err == nil && v.Outcome == Wait {
+			sl.v = v
+			return
+		}
+		s.resolve(sl, v, err)
+		return
+	}
+	if sl.rec.ok {
+		sl.v, sl.replayed, sl.state = sl.rec.v, true, slotDone
+		return
+	}
+	// The first check was not an allow (or failed): nothing is remembered, decide this one.
+	sl.rec = nil
+	s.start(s.clk.Now(), sl)
+}
+
+// record counts a finished check and audits it.
+func (s *Server) record(api string, now clock.Nanos, sl *slot) {
+	if sl.err != nil {
+		s.metrics.invalid(sl.err)
+		return
+	}
+	if sl.replayed {
+		s.metrics.replay()
+	} else {
+		s.metrics.decision(sl.v)
+	}
+	s.auditVerdict(api, now, sl)
 }
 
 // Check implements AgentService.Check.
 func (s *Server) Check(ctx context.Context, req *agentv1.CheckRequest) (*agentv1.CheckResponse, error) {
-	v, err := s.Decide(ctx, Query{Tenant: req.Tenant, Path: req.Route, Operation: req.Operation, Cost: req.Cost})
-	if err != nil {
-		return nil, s.statusError(err)
+	sl := [1]slot{{q: Query{Tenant: req.Tenant, Path: req.Route, Operation: req.Operation, Cost: req.Cost}, key: req.IdempotencyKey}}
+	s.decide(ctx, apiCheck, sl[:])
+	if sl[0].err != nil {
+		return nil, s.statusError(sl[0].err)
 	}
 	resp := &agentv1.CheckResponse{}
-	fillResponse(resp, v)
+	fillResponse(resp, sl[0].v)
+	resp.Replayed = sl[0].replayed
 	return resp, nil
 }
 
 // statusError maps a Decide error to the status a client sees.
 func (s *Server) statusError(err error) error {
 	switch {
-	case errors.Is(err, ErrInvalidTenant), errors.Is(err, ErrInvalidRoute), errors.Is(err, ErrInvalidCost):
+	case invalidCheck(err):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, ErrIdempotencyPending):
+		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, ErrClosed):
 		return status.Error(codes.Unavailable, "agent: shutting down")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
@@ -146,6 +356,12 @@ func (s *Server) statusError(err error) error {
 	}
 	s.log.Error("check failed", zap.Error(err))
 	return status.Error(codes.Internal, "agent: internal error")
+}
+
+// invalidCheck reports whether err is a malformed check (INVALID_ARGUMENT, nothing charged).
+func invalidCheck(err error) bool {
+	return errors.Is(err, ErrInvalidTenant) || errors.Is(err, ErrInvalidRoute) ||
+		errors.Is(err, ErrInvalidCost) || errors.Is(err, ErrInvalidIdempotencyKey)
 }
 
 // fillResponse writes a verdict in the API's units: whole tokens (rounded down), milliseconds

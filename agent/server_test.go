@@ -90,10 +90,6 @@ func TestCheckErrors(t *testing.T) {
 			}
 		})
 	}
-	// The next issue's RPCs are not served yet.
-	if _, err := client.CheckBatch(ctxTimeout(t, 5*time.Second), &agentv1.CheckBatchRequest{}); status.Code(err) != codes.Unimplemented {
-		t.Fatalf("CheckBatch = %v, want Unimplemented", err)
-	}
 }
 
 // TestShutdown: health turns NOT_SERVING, checks after the Limiter closed answer UNAVAILABLE, and

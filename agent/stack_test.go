@@ -21,6 +21,7 @@ import (
 	"github.com/leasebucket/leasebucket/agent"
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/memstore"
+	"github.com/leasebucket/leasebucket/internal/audit"
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
 	"github.com/leasebucket/leasebucket/policy"
@@ -157,6 +158,9 @@ type stackOptions struct {
 	callTimeout time.Duration
 	maxKeys     int
 	reload      func(s *stack)
+	idemWindow  time.Duration // agent.ServerConfig.IdempotencyWindow
+	idemKeys    int
+	audit       *audit.Queue
 }
 
 // stack is one agent in process: Limiter, Refresher and Server over a coordinator Service on an
@@ -240,7 +244,8 @@ func newStack(t testing.TB, set *policy.Set, o stackOptions) *stack {
 	s.lim = agent.New(agent.Config{AgentID: "agent-test", Guard: clock.Guard, MaxKeys: o.maxKeys, Notify: s.ref.Notify}, set)
 	s.ref.Start(s.lim)
 	t.Cleanup(func() { s.stop(t) })
-	s.srv = agent.NewServer(agent.ServerConfig{Limiter: s.lim, Clock: s.clk, MaxWait: o.maxWait, Metrics: metrics, Logger: log})
+	s.srv = agent.NewServer(agent.ServerConfig{Limiter: s.lim, Clock: s.clk, MaxWait: o.maxWait, Metrics: metrics, Logger: log,
+		IdempotencyWindow: o.idemWindow, IdempotencyKeys: o.idemKeys, Audit: o.audit})
 	s.reg = prometheus.NewRegistry()
 	if err := metrics.Register(s.reg, s.lim, s.ref); err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"os/user"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -33,6 +34,7 @@ import (
 
 	"github.com/leasebucket/leasebucket/agent"
 	"github.com/leasebucket/leasebucket/coordinator"
+	"github.com/leasebucket/leasebucket/internal/audit"
 	"github.com/leasebucket/leasebucket/internal/clock"
 	"github.com/leasebucket/leasebucket/internal/tlsconfig"
 	"github.com/leasebucket/leasebucket/policy"
@@ -67,14 +69,22 @@ type config struct {
 	shutdownTimeout time.Duration
 	logLevel        string
 	logFormat       string
+
+	idempotencyWindow time.Duration
+	idempotencyKeys   int
+	auditLog          string
+	auditSampleAllow  float64
+	auditQueue        int
+	debugListen       string
 }
 
 const usageHeader = `Usage: agent [flags]
 
-The leasebucket agent answers rate-limit checks on a Unix socket (gRPC AgentService and
-grpc.health.v1) from leases of the global buckets, refilled from the coordinators. Every flag can
-also be set by the environment variable shown in brackets; a flag on the command line wins.
-SIGINT or SIGTERM shuts it down gracefully: it stops taking checks and returns its leases.
+The leasebucket agent answers rate-limit checks on a Unix socket (gRPC AgentService, Envoy's
+envoy.service.ratelimit.v3.RateLimitService and grpc.health.v1) from leases of the global buckets,
+refilled from the coordinators. Every flag can also be set by the environment variable shown in
+brackets; a flag on the command line wins. SIGINT or SIGTERM shuts it down gracefully: it stops
+taking checks and returns its leases.
 
 Flags:
 `
@@ -103,6 +113,17 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (co
 			}
 		}
 		fs.DurationVar(p, name, def, usage+" ["+env+"]")
+	}
+	float := func(p *float64, name, env string, def float64, usage string) {
+		if v := getenv(env); v != "" {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				envErr = errors.Join(envErr, fmt.Errorf("%s=%q: %w", env, v, err))
+			} else {
+				def = f
+			}
+		}
+		fs.Float64Var(p, name, def, usage+" ["+env+"]")
 	}
 	num := func(p *int, name, env string, def int, usage string) {
 		if v := getenv(env); v != "" {
@@ -144,6 +165,18 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (co
 		"HTTP address serving Prometheus /metrics; empty: off")
 	dur(&c.shutdownTimeout, "shutdown-timeout", "LEASEBUCKET_AGENT_SHUTDOWN_TIMEOUT", 5*time.Second,
 		"bound on a graceful shutdown: checks in flight finish, then leases are returned")
+	dur(&c.idempotencyWindow, "idempotency-window", "LEASEBUCKET_AGENT_IDEMPOTENCY_WINDOW", agent.DefaultIdempotencyWindow,
+		"how long a repeat of a check's idempotency key on the same bucket gets the first allow without a charge; 0: off (every repeat is charged)")
+	num(&c.idempotencyKeys, "idempotency-keys", "LEASEBUCKET_AGENT_IDEMPOTENCY_KEYS", agent.DefaultIdempotencyKeys,
+		"most idempotency keys remembered; the oldest are forgotten first")
+	str(&c.auditLog, "audit-log", "LEASEBUCKET_AGENT_AUDIT_LOG", "stdout",
+		`audit events (JSON lines): "stdout", a file (appended to), or "off"`)
+	float(&c.auditSampleAllow, "audit-sample-allow", "LEASEBUCKET_AGENT_AUDIT_SAMPLE_ALLOW", audit.DefaultSampleAllow,
+		"fraction of allows audited (0..1); denies, unavailable, degraded and shadow-would-deny answers are always audited")
+	num(&c.auditQueue, "audit-queue", "LEASEBUCKET_AGENT_AUDIT_QUEUE", audit.DefaultCapacity,
+		"audit events queued at most; beyond, events are dropped (sampled allows first) and counted")
+	str(&c.debugListen, "debug-listen", "LEASEBUCKET_AGENT_DEBUG_LISTEN", "",
+		"loopback address (127.0.0.1:7073) of the read-only debug endpoint: live leases and explain; default: off")
 	str(&c.logLevel, "log-level", "LEASEBUCKET_LOG_LEVEL", "info", "debug, info, warn or error")
 	str(&c.logFormat, "log-format", "LEASEBUCKET_LOG_FORMAT", "json", "json or console")
 	fs.Usage = func() {
@@ -169,6 +202,13 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (co
 		return c, errors.New("--max-wait, --call-timeout and --shutdown-timeout must be positive")
 	case c.maxKeys <= 0:
 		return c, errors.New("--max-keys must be positive")
+	case c.idempotencyWindow < 0 || (c.idempotencyWindow > 0 && c.idempotencyWindow < max(time.Second, 2*c.maxWait)):
+		// A repeat must find the first check's record while that check is still being decided.
+		return c, errors.New("--idempotency-window must be 0 (off) or at least 1s and twice --max-wait")
+	case c.idempotencyKeys <= 0 || c.auditQueue <= 0:
+		return c, errors.New("--idempotency-keys and --audit-queue must be positive")
+	case !(c.auditSampleAllow >= 0 && c.auditSampleAllow <= 1):
+		return c, errors.New("--audit-sample-allow must be between 0 and 1")
 	}
 	return c, nil
 }
@@ -244,22 +284,32 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err := metrics.Register(reg, lim, ref); err != nil {
 		return err
 	}
+	auditQ, closeAudit, err := startAudit(cfg, id, clk, reg, log)
+	if err != nil {
+		return err
+	}
+	defer closeAudit()
 
 	// Listen before starting anything: a socket in use (another agent) stops here.
-	listeners, mln, err := listen(cfg)
+	listeners, mln, dln, err := listen(cfg)
 	if err != nil {
 		return err
 	}
 	ref.Start(lim)
 	watcher.Start()
 
-	srv := agent.NewServer(agent.ServerConfig{Limiter: lim, Clock: clk, MaxWait: cfg.maxWait, Metrics: metrics, Logger: log})
+	idemWindow := cfg.idempotencyWindow
+	if idemWindow == 0 {
+		idemWindow = -1 // off
+	}
+	srv := agent.NewServer(agent.ServerConfig{Limiter: lim, Clock: clk, MaxWait: cfg.maxWait, Metrics: metrics, Logger: log,
+		IdempotencyWindow: idemWindow, IdempotencyKeys: cfg.idempotencyKeys, Audit: auditQ})
 	// Gateways may keep their connections warm with pings (gRPC's default allows one every five
 	// minutes and disconnects clients that ping more often).
 	g := grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
 	hs := srv.Register(g)
 
-	errc := make(chan error, len(listeners)+1)
+	errc := make(chan error, len(listeners)+2)
 	for _, ln := range listeners {
 		go func() { errc <- g.Serve(ln) }()
 	}
@@ -270,6 +320,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() { errc <- metricsSrv.Serve(mln) }()
 		log.Info("metrics", zap.String("addr", mln.Addr().String()))
+	}
+	var debugSrv *http.Server
+	if dln != nil {
+		debugSrv = &http.Server{Handler: agent.DebugHandler(lim, clk), ReadHeaderTimeout: 5 * time.Second}
+		go func() { errc <- debugSrv.Serve(dln) }()
+		log.Info("debug endpoint", zap.String("addr", dln.Addr().String()))
 	}
 	addrs := make([]string, len(listeners))
 	for i, ln := range listeners {
@@ -288,8 +344,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 
 	// Stop taking checks (health says NOT_SERVING at once; checks in flight finish, waiting at
-	// most --max-wait each), then retire every lease and return it.
+	// most --max-wait each; streams answer what they read and end), then retire every lease and
+	// return it.
 	hs.Shutdown()
+	srv.Drain()
 	graceful := make(chan struct{})
 	go func() { g.GracefulStop(); close(graceful) }()
 	select {
@@ -298,11 +356,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		g.Stop()
 		<-graceful
 	}
+	closeAudit() // every check is answered: write what is queued
 	stopRefresher(log, ref, cfg.shutdownTimeout/2)
-	if metricsSrv != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = metricsSrv.Shutdown(sctx)
-		cancel()
+	for _, hsrv := range []*http.Server{metricsSrv, debugSrv} {
+		if hsrv != nil {
+			sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = hsrv.Shutdown(sctx)
+			cancel()
+		}
 	}
 	for _, ln := range listeners {
 		_ = ln.Close() // GracefulStop closed them; this removes nothing twice
@@ -314,38 +375,97 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	return serveErr
 }
 
-// listen opens the Unix socket, the optional TCP listener and the metrics listener (nil when off);
-// on an error it closes what it opened.
-func listen(cfg config) (checks []net.Listener, metrics net.Listener, err error) {
+// listen opens the Unix socket, the optional TCP listener, the metrics listener and the debug
+// listener (nil when off); on an error it closes what it opened.
+func listen(cfg config) (checks []net.Listener, metrics, debug net.Listener, err error) {
 	defer func() {
 		if err != nil {
-			for _, ln := range checks {
-				_ = ln.Close()
+			for _, ln := range append(checks, metrics) {
+				if ln != nil {
+					_ = ln.Close()
+				}
 			}
 		}
 	}()
 	gid, err := lookupGroup(cfg.socketGroup)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	sock, err := agent.ListenUnix(cfg.socket, agent.SocketMode, gid)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	checks = append(checks, sock)
 	if cfg.listen != "" {
 		tcp, err := net.Listen("tcp", cfg.listen)
 		if err != nil {
-			return checks, nil, fmt.Errorf("listen %s: %w", cfg.listen, err)
+			return checks, nil, nil, fmt.Errorf("listen %s: %w", cfg.listen, err)
 		}
 		checks = append(checks, tcp)
 	}
 	if cfg.metricsListen != "" {
 		if metrics, err = net.Listen("tcp", cfg.metricsListen); err != nil {
-			return checks, nil, fmt.Errorf("metrics listen %s: %w", cfg.metricsListen, err)
+			return checks, nil, nil, fmt.Errorf("metrics listen %s: %w", cfg.metricsListen, err)
 		}
 	}
-	return checks, metrics, nil
+	if cfg.debugListen != "" {
+		if debug, err = agent.ListenDebug(cfg.debugListen); err != nil {
+			return checks, metrics, nil, fmt.Errorf("--debug-listen: %w", err)
+		}
+	}
+	return checks, metrics, debug, nil
+}
+
+// startAudit opens the sink --audit-log names and starts the audit queue; the queue is nil
+// when audit is off. The returned function writes what is queued and closes the sink; it is
+// idempotent.
+func startAudit(cfg config, agentID string, clk clock.Clock, reg prometheus.Registerer, log *zap.Logger) (*audit.Queue, func(), error) {
+	var (
+		ws   zapcore.WriteSyncer
+		file *os.File
+	)
+	switch cfg.auditLog {
+	case "", "off":
+		log.Warn("audit is off (--audit-log off): denies and degraded answers leave no trace")
+		return nil, func() {}, nil
+	case "stdout", "-":
+		ws = zapcore.Lock(os.Stdout)
+	default:
+		f, err := os.OpenFile(cfg.auditLog, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--audit-log: %w", err)
+		}
+		ws, file = f, f
+	}
+	// Buffered: one write system call per 256 KiB or per second, not per event.
+	buffered := &zapcore.BufferedWriteSyncer{WS: ws, Size: 256 << 10, FlushInterval: time.Second}
+	q, err := audit.New(audit.Config{
+		Capacity: cfg.auditQueue, SampleAllow: cfg.auditSampleAllow, Sink: audit.NewJSONSink(buffered, agentID),
+		Clock: clk, Registerer: reg, Logger: log,
+	})
+	if err != nil {
+		if file != nil {
+			_ = file.Close()
+		}
+		return nil, nil, err
+	}
+	q.Start()
+	log.Info("audit", zap.String("log", cfg.auditLog), zap.Float64("sample_allow", cfg.auditSampleAllow))
+	return q, sync.OnceFunc(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := q.Close(ctx); err != nil {
+			log.Error("audit events not written at shutdown", zap.Error(err))
+		}
+		if err := buffered.Stop(); err != nil {
+			log.Error("audit log", zap.Error(err))
+		}
+		if file != nil {
+			if err := file.Close(); err != nil {
+				log.Error("audit log", zap.Error(err))
+			}
+		}
+	}), nil
 }
 
 // stopRefresher closes the Limiter and returns its leases within d.

@@ -1,0 +1,217 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
+)
+
+const (
+	// MaxBatchChecks bounds the checks of one CheckBatch request or CheckStream message. Past a
+	// few hundred checks a message no longer gets cheaper per check (gRPC's per-message cost is
+	// spread thin), while one message still has to be decided and answered as a whole; a larger
+	// one is INVALID_ARGUMENT.
+	MaxBatchChecks = 1024
+
+	// MaxStreamPending bounds the messages of one stream that wait for refills at once. A message
+	// whose checks all decide at once is answered on the receive loop; one that waits (a new key,
+	// a lease running dry) is handed to a goroutine so later messages are not held behind it.
+	// With this many waiting the stream is not read until one is answered: gRPC flow control
+	// then stops the caller's sends. Each wait ends within MaxWait.
+	MaxStreamPending = 8
+)
+
+// CheckBatch implements AgentService.CheckBatch: the checks are decided together under one wait
+// bound; results and errors are in request order (errors has one entry per check, "" for none;
+// a check with an error has DECISION_UNSPECIFIED).
+func (s *Server) CheckBatch(ctx context.Context, req *agentv1.CheckBatchRequest) (*agentv1.CheckBatchResponse, error) {
+	if n := len(req.Checks); n > MaxBatchChecks {
+		s.metrics.invalidRequest()
+		return nil, status.Errorf(codes.InvalidArgument, "agent: %d checks in a batch, at most %d", n, MaxBatchChecks)
+	}
+	s.metrics.batch(apiBatch, len(req.Checks))
+	slots := batchSlots(req.Checks)
+	s.decide(ctx, apiBatch, slots)
+	results, errs, err := s.answers(slots)
+	if err != nil {
+		return nil, err
+	}
+	return &agentv1.CheckBatchResponse{Results: results, Errors: errs}, nil
+}
+
+func batchSlots(checks []*agentv1.CheckRequest) []slot {
+	slots := make([]slot, len(checks))
+	for i, c := range checks {
+		slots[i].q = Query{Tenant: c.GetTenant(), Path: c.GetRoute(), Operation: c.GetOperation(), Cost: c.GetCost()}
+		slots[i].key = c.GetIdempotencyKey()
+	}
+	return slots
+}
+
+// answers turns decided slots into the response's lists. The responses of one message share one
+// allocation. They are not reused across messages: grpc-go allows tracing and stats handlers to
+// keep a sent message (ServerStream.SendMsg: "It is not safe to modify the message after calling
+// SendMsg"). A shutdown or a caller gone away fails the whole message.
+func (s *Server) answers(slots []slot) ([]*agentv1.CheckResponse, []string, error) {
+	slab := make([]agentv1.CheckResponse, len(slots))
+	results := make([]*agentv1.CheckResponse, len(slots))
+	errs := make([]string, len(slots))
+	for i := range slots {
+		sl := &slots[i]
+		r := &slab[i]
+		results[i] = r
+		if sl.err != nil {
+			if !invalidCheck(sl.err) && !errors.Is(sl.err, ErrIdempotencyPending) {
+				return nil, nil, s.statusError(sl.err)
+			}
+			errs[i] = sl.err.Error()
+			continue
+		}
+		fillResponse(r, sl.v)
+		r.Replayed = sl.replayed
+	}
+	return results, errs, nil
+}
+
+// CheckStream implements AgentService.CheckStream: each message is a batch, answered by a
+// message with its id. Messages that wait for refills are answered when they are decided, so
+// answers may come out of order. The stream's context ends every wait; Drain ends the stream
+// after the messages read so far are answered.
+func (s *Server) CheckStream(stream grpc.BidiStreamingServer[agentv1.CheckStreamRequest, agentv1.CheckStreamResponse]) error {
+	s.metrics.stream(1)
+	defer s.metrics.stream(-1)
+	st := &checkStream{
+		s: s, stream: stream, ctx: stream.Context(),
+		pending: make(chan struct{}, MaxStreamPending),
+		failed:  make(chan struct{}),
+	}
+	// The receive loop runs on its own goroutine so that Drain can end the stream while the loop
+	// waits in Recv: returning from the handler cancels the stream, which ends that Recv.
+	received := make(chan error, 1)
+	go func() { received <- st.receive() }()
+	var err error
+	select {
+	case err = <-received:
+	case <-s.draining:
+		st.stop()
+		err = status.Error(codes.Unavailable, "agent: shutting down")
+	case <-st.failed:
+		st.stop()
+	}
+	st.wg.Wait() // every message read is answered (or its answer failed) before the stream ends
+	if ferr := st.failure(); ferr != nil {
+		err = ferr
+	}
+	return err
+}
+
+// checkStream is one CheckStream call.
+type checkStream struct {
+	s       *Server
+	stream  grpc.BidiStreamingServer[agentv1.CheckStreamRequest, agentv1.CheckStreamResponse]
+	ctx     context.Context
+	pending chan struct{} // a token per message waiting for refills
+	wg      sync.WaitGroup
+
+	mu      sync.Mutex // held by the receive loop while it handles a message
+	stopped bool       // the receive loop takes no further message
+
+	sendMu sync.Mutex // one Send at a time (grpc-go streams allow one sender)
+
+	failOnce sync.Once
+	failed   chan struct{} // closed on the first failure of an answer
+	failErr  error
+}
+
+func (st *checkStream) receive() error {
+	for {
+		req, err := st.stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		st.mu.Lock()
+		if st.stopped {
+			st.mu.Unlock()
+			return nil
+		}
+		err = st.handle(req)
+		st.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// stop makes the receive loop take no further message, once it finished the one it handles.
+func (st *checkStream) stop() {
+	st.mu.Lock()
+	st.stopped = true
+	st.mu.Unlock()
+}
+
+func (st *checkStream) fail(err error) {
+	st.failOnce.Do(func() {
+		st.failErr = err
+		close(st.failed)
+	})
+}
+
+func (st *checkStream) failure() error {
+	select {
+	case <-st.failed:
+		return st.failErr
+	default:
+		return nil
+	}
+}
+
+// handle decides one message: at once when nothing waits, else on a goroutine (at most
+// MaxStreamPending per stream; the loop blocks, and stops reading, while that many wait).
+func (st *checkStream) handle(req *agentv1.CheckStreamRequest) error {
+	s := st.s
+	if n := len(req.Checks); n > MaxBatchChecks {
+		s.metrics.invalidRequest()
+		return status.Errorf(codes.InvalidArgument, "agent: message %d has %d checks, at most %d", req.Id, n, MaxBatchChecks)
+	}
+	s.metrics.batch(apiStream, len(req.Checks))
+	slots := batchSlots(req.Checks)
+	now := s.clk.Now()
+	if !s.startAll(now, slots) {
+		s.recordAll(apiStream, now, slots)
+		return st.answer(req.Id, slots)
+	}
+	select {
+	case st.pending <- struct{}{}:
+	case <-st.ctx.Done():
+		return status.FromContextError(st.ctx.Err()).Err()
+	}
+	st.wg.Go(func() {
+		defer func() { <-st.pending }()
+		s.settle(st.ctx, slots)
+		s.recordAll(apiStream, now, slots)
+		if err := st.answer(req.Id, slots); err != nil {
+			st.fail(err)
+		}
+	})
+	return nil
+}
+
+func (st *checkStream) answer(id uint64, slots []slot) error {
+	results, errs, err := st.s.answers(slots)
+	if err != nil {
+		return err
+	}
+	st.sendMu.Lock()
+	defer st.sendMu.Unlock()
+	return st.stream.Send(&agentv1.CheckStreamResponse{Id: id, Results: results, Errors: errs})
+}
