@@ -25,7 +25,7 @@ test: redis ## Format check, go vet and the whole suite under the race detector,
 	$(GO) test -race -count=1 -timeout 9m ./...
 
 .PHONY: run
-run: ## Run a local coordinator (in-memory store) and an agent with examples/policy.yaml; Ctrl-C stops both.
+run: ## Run a local stack (coordinator on its in-memory store, agent, gateway on :8080, upstream) with examples/policy.yaml; Ctrl-C stops it.
 	@scripts/run-local.sh
 
 .PHONY: bench

@@ -1,0 +1,209 @@
+package client_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+
+	"github.com/leasebucket/leasebucket/agent"
+	"github.com/leasebucket/leasebucket/client"
+	"github.com/leasebucket/leasebucket/coordinator"
+	"github.com/leasebucket/leasebucket/coordinator/memstore"
+	"github.com/leasebucket/leasebucket/internal/clock"
+	"github.com/leasebucket/leasebucket/policy"
+)
+
+// startAgent serves the real agent (Limiter, Refresher, Server) on a Unix socket, refilled by a
+// coordinator Service on the in-memory store, with examples/policy.yaml.
+func startAgent(t testing.TB) string {
+	t.Helper()
+	set, err := policy.Load("../examples/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return serveAgent(t, set)
+}
+
+// serveAgent serves the real agent with set.
+func serveAgent(t testing.TB, set *policy.Set) string {
+	t.Helper()
+	log := zaptest.NewLogger(t)
+	svc := coordinator.NewService(memstore.New(), set)
+	clk := clock.NewCoarse(time.Millisecond)
+	ref := agent.NewRefresher(agent.RefresherConfig{Coordinator: svc, Clock: clk, Logger: log})
+	lim := agent.New(agent.Config{AgentID: "client-test", Region: "eu-west", Guard: clock.Guard, Notify: ref.Notify}, set)
+	ref.Start(lim)
+	srv := agent.NewServer(agent.ServerConfig{Limiter: lim, Clock: clk, Logger: log})
+	socket := filepath.Join(shortTempDir(t), "agent.sock")
+	ln, err := agent.ListenUnix(socket, 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	srv.Register(g)
+	served := make(chan struct{})
+	go func() { _ = g.Serve(ln); close(served) }()
+	t.Cleanup(func() {
+		g.Stop()
+		<-served
+		_ = ln.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := ref.Stop(ctx); err != nil {
+			t.Errorf("Refresher.Stop: %v", err)
+		}
+		clk.Close()
+	})
+	return socket
+}
+
+// TestRealAgentCardExample: the design card's example through the real agent, with concurrent
+// callers: tenant acme reading orders (100 per minute, burst 20) is allowed exactly the burst,
+// then denied with a Retry-After of at most one token's time (600 ms). The client uses the
+// stream where the agent serves it and unary Check where it does not; the decisions are the same.
+func TestRealAgentCardExample(t *testing.T) {
+	socket := startAgent(t)
+	for _, unary := range []bool{true, false} {
+		tenant := "acme-unary"
+		if !unary {
+			tenant = "acme-stream"
+		}
+		c := newClient(t, socket, client.Options{Unary: unary})
+		var (
+			mu             sync.Mutex
+			allowed        int
+			denied         int
+			maxRetry       time.Duration
+			wg             sync.WaitGroup
+			firstErr       error
+			rules          = map[string]int{}
+			limits, window = map[int64]int{}, map[time.Duration]int{}
+		)
+		for range 5 {
+			wg.Go(func() {
+				for range 6 {
+					res, err := c.Check(ctxTimeout(t, 5*time.Second), client.Request{Tenant: tenant, Route: "/orders/7", Operation: "GET"})
+					mu.Lock()
+					switch {
+					case err != nil:
+						firstErr = err
+					case res.Decision == client.Allow:
+						allowed++
+					case res.Decision == client.Deny:
+						denied++
+						maxRetry = max(maxRetry, res.RetryAfter)
+					}
+					rules[res.Rule]++
+					limits[res.Limit]++
+					window[res.Window]++
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		if firstErr != nil {
+			t.Fatalf("unary=%v: %v", unary, firstErr)
+		}
+		if allowed != 20 || denied != 10 {
+			t.Errorf("unary=%v: %d allowed, %d denied of 30; want the burst of 20, then 10 denials", unary, allowed, denied)
+		}
+		if maxRetry <= 0 || maxRetry > 600*time.Millisecond {
+			t.Errorf("unary=%v: Retry-After up to %v, want within one token's 600 ms", unary, maxRetry)
+		}
+		if rules["orders-read"] != 30 || limits[100] != 30 || window[time.Minute] != 30 {
+			t.Errorf("unary=%v: rules %v, limits %v, windows %v; want orders-read, 100 per 1m", unary, rules, limits, window)
+		}
+		st := c.Stats()
+		t.Logf("unary=%v: stats %+v", unary, st)
+		if !unary && (st.StreamChecks == 0 || st.StreamErrors != 0) {
+			t.Errorf("the agent serves CheckStream, but the client did not use it: %+v", st)
+		}
+	}
+}
+
+// TestRealAgentIdempotency: a repeat of an idempotency key gets the first decision without
+// being charged, on both paths.
+func TestRealAgentIdempotency(t *testing.T) {
+	socket := startAgent(t)
+	for _, unary := range []bool{true, false} {
+		c := newClient(t, socket, client.Options{Unary: unary})
+		tenant := fmt.Sprintf("idem-%v", unary)
+		check := func(key string) client.Result {
+			t.Helper()
+			res, err := c.Check(ctxTimeout(t, 5*time.Second), client.Request{Tenant: tenant, Route: "/orders/7", Operation: "GET", IdempotencyKey: key})
+			if err != nil || res.Decision != client.Allow {
+				t.Fatalf("unary=%v: check with key %q = %+v, %v", unary, key, res, err)
+			}
+			return res
+		}
+		first := check("k-1")
+		again := check("k-1")
+		other := check("k-2")
+		if first.Replayed || !again.Replayed || other.Replayed {
+			t.Errorf("unary=%v: replayed %v, %v, %v; want only the repeat replayed", unary, first.Replayed, again.Replayed, other.Replayed)
+		}
+		if again.Remaining != first.Remaining || other.Remaining != first.Remaining-1 {
+			t.Errorf("unary=%v: remaining %d, %d, %d; want the repeat not charged", unary, first.Remaining, again.Remaining, other.Remaining)
+		}
+	}
+}
+
+// loadPolicy has two rules, so a caller can tell its answer from another's; neither denies
+// within a test.
+const loadPolicy = `
+version: "load"
+rules:
+  - name: hot
+    routes: ["/hot/{id}"]
+    operations: [read]
+    limit: 100000000/second
+    burst: 100000000
+  - name: cold
+    routes: ["/cold/{id}"]
+    operations: [write]
+    limit: 100000000/second
+    burst: 100000000
+default:
+  limit: 60/minute
+  burst: 10
+`
+
+// TestRealAgentStreamUnderLoad: 64 callers on the stream, on a hot key and on new keys (whose
+// first check waits for a refill, so the agent answers batches out of order): every check is
+// answered, within its deadline, with its own rule, and the checks were coalesced.
+func TestRealAgentStreamUnderLoad(t *testing.T) {
+	set, err := policy.Parse("load.yaml", []byte(loadPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, serveAgent(t, set), client.Options{})
+	const callers, each = 64, 100
+	var wg sync.WaitGroup
+	for g := range callers {
+		wg.Go(func() {
+			for i := range each {
+				req, want := client.Request{Tenant: "hot", Route: "/hot/1", Operation: "GET"}, "hot"
+				if i%10 == g%10 {
+					req, want = client.Request{Tenant: fmt.Sprintf("t%d-%d", g, i), Route: "/cold/2", Operation: "POST"}, "cold"
+				}
+				res, err := c.Check(ctxTimeout(t, 5*time.Second), req)
+				if err != nil || res.Decision != client.Allow || res.Rule != want {
+					t.Errorf("caller %d check %d (%s): %+v, %v", g, i, want, res, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	st := c.Stats()
+	t.Logf("stats %+v", st)
+	if st.StreamErrors != 0 || st.StreamChecks < callers*each/2 || st.StreamBatches >= st.StreamChecks {
+		t.Errorf("stats %+v: want most checks streamed, coalesced, no stream error", st)
+	}
+}
