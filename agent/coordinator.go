@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	_ "google.golang.org/grpc/health" // client-side health checking (healthCheckConfig below)
@@ -74,6 +75,15 @@ const (
 	keepaliveTimeout = 5 * time.Second
 )
 
+// reconnectBackoff is how an agent reconnects to a coordinator it lost: gRPC's default backoff
+// (1 s, growing to 120 s) would keep an agent in its failure modes for up to two minutes after
+// the coordinators came back from an outage. Reconnecting every 2 s at most costs a failed dial
+// per coordinator each 2 s while they are down.
+var reconnectBackoff = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+	MinConnectTimeout: time.Second,
+}
+
 // coordinatorScheme names the resolver of an explicit list of coordinator addresses.
 const coordinatorScheme = "leasebucket-coordinators"
 
@@ -100,6 +110,7 @@ func DialCoordinators(targets []string, tlsConfig *tls.Config, opts ...grpc.Dial
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultServiceConfig(coordinatorServiceConfig),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTimeout, PermitWithoutStream: true}),
+		grpc.WithConnectParams(reconnectBackoff),
 	}, opts...)
 	var target string
 	switch {

@@ -55,6 +55,8 @@ type Limiter struct {
 	seq  atomic.Uint64
 	rtt  atomic.Int64 // clock.Nanos: the slowest recent Acquire round trip (observeRTT)
 
+	parked *parking // emergency buckets of evicted entries
+
 	qmu     sync.Mutex
 	queue   []*entry     // entries waiting for a refill
 	returns []returnItem // retired leases waiting to be returned
@@ -87,7 +89,7 @@ func New(cfg Config, set *policy.Set) *Limiter {
 	if cfg.Notify == nil {
 		cfg.Notify = func() {}
 	}
-	l := &Limiter{cfg: cfg}
+	l := &Limiter{cfg: cfg, parked: newParking(cfg.MaxKeys)}
 	l.view.Store(l.newView(set))
 	return l
 }
@@ -111,6 +113,7 @@ func (l *Limiter) SetPolicy(set *policy.Set) {
 	}
 	old.closed.Store(true)
 	old.table.each(func(e *entry) { l.retireEntry(e, true) })
+	l.parked.purge()
 }
 
 // Query is one check.
@@ -215,7 +218,9 @@ func (l *Limiter) insert(v *view, h uint64, r policy.Route, tenant string) (*ent
 	}
 	e, _ := v.table.getOrInsert(h, r.ID, tenant, func() *entry {
 		// The tenant string may point into a request buffer: the table keeps its own copy.
-		return &entry{tenant: string([]byte(tenant)), lim: lim, rule: r.Rule, view: v}
+		e := &entry{route: r.ID, tenant: string([]byte(tenant)), lim: lim, rule: r.Rule, view: v}
+		l.parked.restore(e)
+		return e
 	})
 	return e, nil
 }

@@ -53,3 +53,25 @@ func TestEvictionHoldsHeapFlat(t *testing.T) {
 }
 
 var errLost = errors.New("return not sent")
+
+// TestTableBoundIsExact: whatever the bound, small or not a multiple of the shard count, the
+// table fills to exactly maxKeys entries and never holds more.
+func TestTableBoundIsExact(t *testing.T) {
+	for _, maxKeys := range []int{1, 3, 63, 64, 100, 1000} {
+		evicted := 0
+		tb := newTable(maxKeys, func(*entry) { evicted++ })
+		const inserts = 20_000
+		for i := range inserts {
+			tenant := "t-" + strconv.Itoa(i)
+			tb.getOrInsert(tb.hash(1, tenant), 1, tenant, func() *entry { return &entry{} })
+		}
+		live := 0
+		for i := range tb.shards {
+			live += tb.shards[i].live
+		}
+		if live != maxKeys || evicted != inserts-maxKeys {
+			t.Errorf("maxKeys %d: %d live entries and %d evictions after %d inserts, want %d and %d",
+				maxKeys, live, evicted, inserts, maxKeys, inserts-maxKeys)
+		}
+	}
+}

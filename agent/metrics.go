@@ -229,7 +229,7 @@ type coreCollector struct {
 
 var coreDescs = struct {
 	grants, grantedTokens, refillDenials, itemFailures, acquires, returns, returnedTokens,
-	creditedTokens, lostTokens, expiries, evictions, degraded, shadow, mismatches,
+	creditedTokens, lostTokens, skippedReturns, skippedTokens, expiries, evictions, degraded, shadow, mismatches,
 	outstanding, keys, inflight, queuedRefills, queuedReturns *prometheus.Desc
 }{
 	grants:         desc("lease_grants_total", "Leases granted by the coordinators."),
@@ -241,6 +241,8 @@ var coreDescs = struct {
 	returnedTokens: desc("lease_returned_tokens_total", "Unspent tokens handed back in Return calls."),
 	creditedTokens: desc("lease_credited_tokens_total", "Tokens the coordinators credited back (returned tokens less the refill since their grant, capped at capacity)."),
 	lostTokens:     desc("tokens_lost_total", "Unspent tokens whose Return failed: out of the global bucket until it refills them."),
+	skippedReturns: desc("lease_skipped_returns_total", "Expired leases not returned because the refill since their grant covers their unspent tokens (a Return would credit nothing)."),
+	skippedTokens:  desc("lease_skipped_tokens_total", "Unspent tokens of the expired leases not returned (lease_skipped_returns_total)."),
 	expiries:       desc("lease_expiries_total", "Leases that expired with tokens left."),
 	evictions:      desc("evictions_total", "Keys evicted from the lease table by its size bound (their leases are returned)."),
 	degraded:       desc("degraded_admissions_total", "Checks allowed by a local emergency bucket while the global state was unreachable."),
@@ -260,7 +262,7 @@ func desc(name, help string) *prometheus.Desc {
 func (c *coreCollector) Describe(ch chan<- *prometheus.Desc) {
 	d := coreDescs
 	for _, x := range []*prometheus.Desc{d.grants, d.grantedTokens, d.refillDenials, d.itemFailures, d.acquires,
-		d.returns, d.returnedTokens, d.creditedTokens, d.lostTokens, d.expiries, d.evictions, d.degraded, d.shadow,
+		d.returns, d.returnedTokens, d.creditedTokens, d.lostTokens, d.skippedReturns, d.skippedTokens, d.expiries, d.evictions, d.degraded, d.shadow,
 		d.mismatches, d.outstanding, d.keys, d.inflight, d.queuedRefills, d.queuedReturns} {
 		ch <- x
 	}
@@ -284,6 +286,8 @@ func (c *coreCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(d.returnedTokens, tokens(s.ReturnedMicro.Load()))
 	counter(d.creditedTokens, tokens(s.CreditedMicro.Load()))
 	counter(d.lostTokens, tokens(s.LostMicro.Load()))
+	counter(d.skippedReturns, float64(s.ReturnsSkipped.Load()))
+	counter(d.skippedTokens, tokens(s.SkippedMicro.Load()))
 	counter(d.expiries, float64(s.Expired.Load()))
 	counter(d.evictions, float64(s.Evicted.Load()))
 	counter(d.degraded, float64(s.Degraded.Load()))

@@ -382,6 +382,9 @@ func (l *Limiter) retireEntry(e *entry, dead bool) {
 func (l *Limiter) evicted(e *entry) {
 	l.stats.Evicted.Add(1)
 	l.retireEntry(e, true)
+	e.mu.Lock()
+	l.parked.park(e)
+	e.mu.Unlock()
 }
 
 // refKey identifies a bucket among the items of one call.

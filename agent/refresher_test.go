@@ -107,4 +107,9 @@ default:
 	if s.lim.Stats().Expired.Load() != 1 || s.lim.Outstanding() != 0 {
 		t.Fatalf("expired %d, outstanding %d µ; want 1 and 0", s.lim.Stats().Expired.Load(), s.lim.Outstanding())
 	}
+	// An outside ledger of the key needs to see it: one lease of 5 tokens, 1 spent, 4 not returned.
+	values := metricValues(t, s.reg)
+	if n, tok := values["leasebucket_agent_lease_skipped_returns_total"], values["leasebucket_agent_lease_skipped_tokens_total"]; n != 1 || tok != 4 {
+		t.Fatalf("exported %v skipped returns of %v tokens, want 1 of 4", n, tok)
+	}
 }

@@ -21,13 +21,13 @@ type table struct {
 	seed      maphash.Seed
 	shards    []shard
 	mask      uint64
-	perShard  int // eviction threshold of one shard
 	onEvicted func(*entry)
 }
 
 const (
 	// shardsLog2: 64 shards keep inserts of different keys off each other's mutex on a 2-core node
-	// and still let a full sweep of the table run shard by shard.
+	// and still let a full sweep of the table run shard by shard. A table bounded below 64 keys
+	// has fewer shards, so that every shard holds at least one.
 	shardsLog2 = 6
 	// minSlots is a new shard's slot array; it doubles when live + deleted slots pass half.
 	minSlots = 16
@@ -38,8 +38,9 @@ type shard struct {
 	slots atomic.Pointer[slots]
 	live  int      // entries in the table
 	used  int      // live + tombstones
+	limit int      // the shard's share of maxKeys: a full shard evicts before it inserts
 	hand  uint64   // the CLOCK hand: the slot the next eviction looks at first
-	_     [32]byte // keep shards on separate cache lines
+	_     [24]byte // keep shards on separate cache lines
 }
 
 type slots struct {
@@ -50,16 +51,25 @@ type slots struct {
 // tombstone marks a deleted slot; probing continues past it.
 var tombstone = &entry{}
 
+// newTable makes a table of at most maxKeys (≥ 1) entries: the shards' limits sum to maxKeys
+// exactly, so the bound an operator sets is the bound the table keeps.
 func newTable(maxKeys int, onEvicted func(*entry)) *table {
+	maxKeys = max(1, maxKeys)
 	n := 1 << shardsLog2
+	for n > maxKeys {
+		n >>= 1
+	}
 	t := &table{
 		seed:      maphash.MakeSeed(),
 		shards:    make([]shard, n),
 		mask:      uint64(n - 1),
-		perShard:  max(1, (maxKeys+n-1)/n),
 		onEvicted: onEvicted,
 	}
 	for i := range t.shards {
+		t.shards[i].limit = maxKeys / n
+		if i < maxKeys%n {
+			t.shards[i].limit++
+		}
 		t.shards[i].slots.Store(newSlots(minSlots))
 	}
 	return t
@@ -94,7 +104,7 @@ func (t *table) getOrInsert(h uint64, route uint32, tenant string, make func() *
 	var evicted *entry
 	s.mu.Lock()
 	if e = t.get(h, route, tenant); e == nil {
-		if s.live >= t.perShard {
+		if s.live >= s.limit {
 			evicted = s.evictOne()
 		}
 		e = make()
