@@ -1,0 +1,165 @@
+package chaos_test
+
+import (
+	"context"
+	"flag"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/leasebucket/leasebucket/coordinator"
+	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/chaos"
+	"github.com/leasebucket/leasebucket/internal/redistest"
+)
+
+var (
+	full = flag.Bool("chaos.full", false,
+		"run make chaos's variants: every fault on a standalone Redis with 3 coordinators and 5 agents, and on a 3-master Redis Cluster")
+	soak = flag.Duration("chaos.soak", 0, "run the soak for this long (make soak: 30m); 0 skips it")
+	out  = flag.String("chaos.out", "", "write each run's report (report.md, report.json), the decision log and the processes' logs under this directory")
+	keys = flag.Int("chaos.maxkeys", 0, "the agents' --max-keys instead of each run's own (docs/reliability.md, findings)")
+)
+
+// maxKeys is the agents' --max-keys of a run: def, or -chaos.maxkeys.
+func maxKeys(def int) int {
+	if *keys > 0 {
+		return *keys
+	}
+	return def
+}
+
+var (
+	binDir string
+	build  = sync.OnceValues(func() (chaos.Binaries, error) {
+		var err error
+		if binDir, err = os.MkdirTemp("", "chaos-bin"); err != nil {
+			return chaos.Binaries{}, err
+		}
+		return chaos.Build(binDir)
+	})
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) {
+		if binDir != "" {
+			_ = os.RemoveAll(binDir)
+		}
+	}))
+}
+
+func binaries(t *testing.T) chaos.Binaries {
+	t.Helper()
+	redistest.Require(t)
+	b, err := build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// shortLoad is the load of the short form: about 500 checks a second over three agents, the hot
+// key offered about twice its rate, and enough new tenants (churn) that each agent's lease table
+// passes its --max-keys of 1024 within the run.
+var shortLoad = chaos.LoadConfig{Hot: 65, Cold: 35, ColdTenants: 200, Churn: 30, Closed: 10, Emergency: 10, Ledger: 10,
+	EnvoyEvery: 5, IdemEvery: 4}
+
+// fullLoad is the load of `make chaos` and `make soak`, per agent.
+var fullLoad = chaos.LoadConfig{Hot: 50, Cold: 40, ColdTenants: 300, Churn: 25, Closed: 10, Emergency: 10, Ledger: 10,
+	EnvoyEvery: 5, IdemEvery: 4}
+
+func report(t *testing.T, rep *chaos.Report) {
+	t.Helper()
+	t.Log("\n" + rep.Summary())
+	if len(rep.Violations) > 0 {
+		t.Errorf("%d violations (report: %s)", len(rep.Violations), *out)
+	}
+}
+
+// TestChaos is the harness: by default its short form (part of `make test`): a standalone Redis,
+// two coordinators, three agents, every kind of fault once, the bad input, and a 20 s steady
+// phase. With -chaos.full (`make chaos`) it runs the full schedule on a standalone Redis and on a
+// Redis Cluster instead.
+func TestChaos(t *testing.T) {
+	bin := binaries(t)
+	if !*full {
+		report(t, chaos.Run(t, chaos.Options{Name: "short", Coordinators: 2, Agents: 3, MaxKeys: maxKeys(1024), Load: shortLoad,
+			Warmup: 3 * time.Second, Schedule: chaos.ShortSchedule(), Settle: time.Second, Abuse: true,
+			Steady: 20 * time.Second, SampleEvery: 500 * time.Millisecond, Bin: bin, OutDir: *out, Seed: 1}))
+		return
+	}
+	t.Run("standalone", func(t *testing.T) {
+		report(t, chaos.Run(t, chaos.Options{Name: "standalone", Coordinators: 3, Agents: 5, MaxKeys: maxKeys(1024), Load: fullLoad,
+			Warmup: 5 * time.Second, Schedule: chaos.FullSchedule(3, 5), Settle: 1500 * time.Millisecond, Abuse: true,
+			Steady: 30 * time.Second, SampleEvery: time.Second, Bin: bin, OutDir: *out, Seed: 2}))
+	})
+	t.Run("cluster", func(t *testing.T) {
+		report(t, chaos.Run(t, chaos.Options{Name: "cluster", Cluster: true, Coordinators: 2, Agents: 3, MaxKeys: maxKeys(1024),
+			Load: fullLoad, Warmup: 5 * time.Second, Schedule: chaos.ClusterSchedule(3), Settle: 1500 * time.Millisecond,
+			Abuse: true, Steady: 20 * time.Second, SampleEvery: time.Second, Bin: bin, OutDir: *out, Seed: 3}))
+	})
+}
+
+// TestSoak runs the steady phase for -chaos.soak (`make soak`: 30 minutes) after the short
+// fault schedule, with a short fault that restarts nothing every minute, and checks that no
+// process grows.
+func TestSoak(t *testing.T) {
+	if *soak <= 0 {
+		t.Skip("-chaos.soak not set (make soak)")
+	}
+	report(t, chaos.Run(t, chaos.Options{Name: "soak", Coordinators: 2, Agents: 3, MaxKeys: maxKeys(1024), Load: fullLoad,
+		Warmup: 5 * time.Second, Schedule: chaos.ShortSchedule(), Settle: time.Second, Abuse: true,
+		Steady: *soak, SampleEvery: 10 * time.Second, Blips: time.Minute, Bin: binaries(t), OutDir: *out, Seed: 4}))
+}
+
+// overGrant is a broken grant rule for the negative test: the agent is told it got factor times
+// what the Redis store debited. It lives in this test only.
+type overGrant struct {
+	coordinator.Store
+	factor int64
+}
+
+func (o overGrant) Take(ctx context.Context, reqs []coordinator.TakeRequest) ([]coordinator.TakeResult, error) {
+	res, err := o.Store.Take(ctx, reqs)
+	for i := range res {
+		if res[i].Granted > 0 && res[i].Err == nil {
+			res[i].Granted *= bucket.Micro(o.factor)
+		}
+	}
+	return res, err
+}
+
+// TestOverGrantingRuleIsCaught breaks the grant rule on purpose (coordinators in this process,
+// over a store that grants three times what it debits) and runs the same load and checker: it
+// must report the hot key's admission bound and the ledger broken. A checker that passed this
+// would pass anything.
+func TestOverGrantingRuleIsCaught(t *testing.T) {
+	bin := binaries(t)
+	rep := chaos.Run(t, chaos.Options{Name: "overgrant", Coordinators: 1, Agents: 2, MaxKeys: 1024,
+		Load:   chaos.LoadConfig{Hot: 100, Ledger: 20},
+		Warmup: 6 * time.Second, SampleEvery: time.Second, Bin: bin, OutDir: *out, Seed: 5,
+		WrapStore: func(s coordinator.Store) coordinator.Store { return overGrant{Store: s, factor: 3} }})
+	t.Log("the broken rule, as the checker reports it:\n" + rep.Summary())
+	found := map[string]bool{}
+	for _, v := range rep.Violations {
+		switch {
+		case v.Check == "admission" && strings.Contains(v.Detail, "|/hot|"):
+			found["hot admission"] = true
+		case v.Check == "ledger" && strings.Contains(v.Detail, "created"):
+			found["ledger"] = true
+		}
+	}
+	for _, want := range []string{"hot admission", "ledger"} {
+		if !found[want] {
+			t.Errorf("the checker did not catch the over-granting rule on the %s; violations: %v", want, rep.Violations)
+		}
+	}
+	if !slices.ContainsFunc(rep.Violations, func(v chaos.Violation) bool { return v.Check == "admission" }) {
+		t.Error("no admission violation at all")
+	}
+}

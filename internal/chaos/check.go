@@ -1,0 +1,462 @@
+package chaos
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/policy"
+)
+
+// Slack the checker allows for clocks, documented in docs/reliability.md. Clients time a check
+// on the machine's monotonic clock; the bound holds on each key's Redis clock (wall time, whole
+// milliseconds) and agents measure leases on their monotonic clocks:
+//
+//   - fixedSlack covers Redis' millisecond truncation and the agents' coarse clock tick;
+//   - rateSlack covers a difference in rate between the wall clock and the monotonic clock
+//     (NTP slews the wall clock by at most 500 ppm), applied to the window and the lease.
+const (
+	fixedSlack = 5 * time.Millisecond
+	rateSlack  = 0.001
+)
+
+// Violation is a broken promise, found from the outside.
+type Violation struct {
+	Check  string // admission, emergency, failure-mode, ledger, idempotency, soak, lru, abuse, process
+	Detail string
+}
+
+func (v Violation) String() string { return v.Check + ": " + v.Detail }
+
+// Outage is a time during which the global state was unreachable for some keys: every process
+// of the path was down, hung or cut off, from From (after the fault took effect) to To (before
+// the harness began to restore it).
+type Outage struct {
+	Step     string
+	From, To time.Duration
+	// Nodes are the Redis nodes whose keys were cut off; nil means every key.
+	Nodes []int
+}
+
+// Window is the fullest window the admission check found on a key, for the report.
+type Window struct {
+	Key     string
+	From    time.Duration // since the run's zero
+	Tokens  float64       // allowed in the window
+	Span    time.Duration
+	Bound   float64 // C + r·(w + τ) + slack
+	Allowed int     // checks allowed on the key over the run
+}
+
+// CheckInput is what the checker works from: the clients' records, the keys, the outages, and
+// the ledger's facts (Redis' level, the agents' gauges).
+type CheckInput struct {
+	Keys    *Keys
+	Records []Record
+	Outages []Outage
+	// NodeOf places a key's bucket on a Redis node (for outages of one node).
+	NodeOf func(key string) int
+	// IdempotencyWindow is the agents' window (a repeat within it is replayed).
+	IdempotencyWindow time.Duration
+	Ledger            *LedgerFacts
+}
+
+// LedgerFacts are the ledger key's state at the end of a run and what the agents said about
+// their leases.
+type LedgerFacts struct {
+	Capacity bucket.Micro
+	Level    bucket.Micro // the key's tokens in Redis after every agent stopped
+	Refill   bucket.Micro // the most the bucket can have refilled during the run
+	// Strandable is the outstanding-lease gauge of every agent killed with SIGKILL, read just
+	// before the kill: what the dead processes may have taken with them (tokens).
+	Strandable float64
+	// Held is the ledger key's own leases in those agents (debug endpoint), for the report.
+	Held float64
+	// Lost is what the agents said they could not return: tokens_lost_total of every process
+	// before it stopped, and what each graceful shutdown logged (tokens).
+	Lost float64
+}
+
+// Result is what the checker found and measured.
+type Result struct {
+	Violations []Violation
+	Windows    []Window // the fullest window of each key with allows, by kind
+	Emergency  []Window // the fullest emergency-bucket window per agent process and key
+	Ledger     LedgerResult
+	Outages    []OutageResult
+	Replays    int // idempotent repeats answered without a charge
+}
+
+// LedgerResult is the ledger's account: granted (net debits in Redis) = spent + stranded.
+type LedgerResult struct {
+	Debited, Spent, Stranded, Bound, Held float64
+	Errors                                int // ledger checks that failed (their cost counts as spent)
+}
+
+// OutageResult measures one outage from the clients' side.
+type OutageResult struct {
+	Step                              string
+	Duration                          time.Duration
+	Unavailable, DegradedAllows, Deny int // answers after every lease expired
+	Allowed                           int // allows without the emergency bucket then: violations
+	// For an outage of some Redis nodes: checks of keys on the other nodes after τ, and how many
+	// of them got a failure-mode answer (503, or degraded).
+	Others, OthersFailed int
+	Checked              int           // checks of affected keys after every lease expired
+	Recovery             time.Duration // from To to the first fail-closed allow (max over agents)
+}
+
+// Check runs every check of the records.
+func Check(in CheckInput) Result {
+	var res Result
+	byKey := make([][]*Record, len(in.Keys.List))
+	for i := range in.Records {
+		r := &in.Records[i]
+		if r.Key >= 0 {
+			byKey[r.Key] = append(byKey[r.Key], r)
+		}
+	}
+	for _, k := range in.Keys.List {
+		w, vs := checkAdmission(k, byKey[k.ID])
+		res.Violations = append(res.Violations, vs...)
+		if w.Allowed > 0 {
+			res.Windows = append(res.Windows, w)
+		}
+		if k.Emergency != nil {
+			ws, vs := checkEmergency(k, byKey[k.ID])
+			res.Violations = append(res.Violations, vs...)
+			res.Emergency = append(res.Emergency, ws...)
+		}
+	}
+	for _, o := range in.Outages {
+		or, vs := checkOutage(in, o)
+		res.Violations = append(res.Violations, vs...)
+		res.Outages = append(res.Outages, or)
+	}
+	var vs []Violation
+	res.Replays, vs = checkIdempotency(in)
+	res.Violations = append(res.Violations, vs...)
+	if in.Ledger != nil {
+		res.Ledger, vs = checkLedger(in, byKey)
+		res.Violations = append(res.Violations, vs...)
+	}
+	return res
+}
+
+// spend is a span of time within which one allow spent tokens.
+type spend struct {
+	sent, recv time.Duration
+	tokens     float64
+}
+
+// fullestWindow finds, over spends, the window that comes closest to (or furthest beyond) the
+// bound capacity + rate·(w + extra + slack). A set of allows whose answers arrived within
+// [a, b] spent within [m, b], m the earliest send among them; so for spends sorted by answer,
+// the window of answers i..j is charged the span b − m, where m is the earliest send of every
+// spend from i on (those answered later only make m earlier: the span, and so the bound, can
+// only grow — the check never blames a window that held less than it says). O(n log n).
+func fullestWindow(spends []spend, capacity, rate float64, extra time.Duration) (over float64, w Window) {
+	if len(spends) == 0 {
+		return math.Inf(-1), w
+	}
+	slices.SortFunc(spends, func(a, b spend) int { return int(a.recv - b.recv) })
+	n := len(spends)
+	minSent := make([]time.Duration, n)
+	minSent[n-1] = spends[n-1].sent
+	for i := n - 2; i >= 0; i-- {
+		minSent[i] = min(minSent[i+1], spends[i].sent)
+	}
+	// allowed(i..j) ≤ C + r'(b_j − m_i + extra) + r·fixedSlack, r' = r(1 + rateSlack), i.e.
+	// (S_j − r'·b_j) − (S_{i−1} − r'·m_i) ≤ C + r'·extra + r·fixedSlack.
+	rp := rate * (1 + rateSlack)
+	limit := capacity + rp*extra.Seconds() + rate*fixedSlack.Seconds()
+	best := math.Inf(-1)
+	var bestI, bestJ int
+	var prefix float64 // S_{j−1}
+	minB, minI := math.Inf(1), 0
+	sums := make([]float64, n+1)
+	for j := range n {
+		if b := prefix - rp*minSent[j].Seconds(); b < minB {
+			minB, minI = b, j
+		}
+		prefix += spends[j].tokens
+		sums[j+1] = prefix
+		if v := prefix - rp*spends[j].recv.Seconds() - minB - limit; v > best {
+			best, bestI, bestJ = v, minI, j
+		}
+	}
+	span := spends[bestJ].recv - minSent[bestI]
+	w = Window{From: minSent[bestI], Tokens: sums[bestJ+1] - sums[bestI], Span: span,
+		Bound: capacity + rp*(span+extra).Seconds() + rate*fixedSlack.Seconds()}
+	return best, w
+}
+
+// ratePerSecond is a limit's refill rate in tokens per second.
+func ratePerSecond(l bucket.Limit) float64 {
+	num, den := l.Rate()
+	if den == 0 {
+		return 0
+	}
+	return float64(num) / float64(den) * 1000 / float64(bucket.PerToken)
+}
+
+// checkAdmission: the tokens allowed by all agents on a key in any window of length w are at
+// most C + r·(w + τ) (DESIGN §5, docs/leases.md), plus the clock slack.
+func checkAdmission(k *Key, recs []*Record) (Window, []Violation) {
+	var spends []spend
+	for _, r := range recs {
+		if r.Spends() {
+			spends = append(spends, spend{r.Sent, r.Recv, float64(r.Cost)})
+		}
+	}
+	capacity := tokensOf(k.Limit.Capacity())
+	over, w := fullestWindow(spends, capacity, ratePerSecond(k.Limit), k.Tau)
+	w.Key, w.Allowed = k.Name, len(spends)
+	if over > 1e-9 {
+		return w, []Violation{{Check: "admission", Detail: fmt.Sprintf(
+			"key %s: %.0f tokens allowed within %v from %v, bound C + r·(w + τ) = %.2f (C = %.0f, r = %g/s, τ = %v, with slack)",
+			k.Name, w.Tokens, w.Span.Round(time.Millisecond), w.From.Round(time.Millisecond), w.Bound, capacity, ratePerSecond(k.Limit), k.Tau)}}
+	}
+	return w, nil
+}
+
+// checkEmergency: each agent process's emergency bucket of a key allows at most C_e + r_e·w in
+// any window of length w. Degraded answers whose process is uncertain (sent across a restart)
+// are left out.
+func checkEmergency(k *Key, recs []*Record) ([]Window, []Violation) {
+	type proc struct {
+		agent int8
+		gen   int32
+	}
+	by := map[proc][]spend{}
+	for _, r := range recs {
+		if r.Outcome == OutAllow && r.Degraded && r.Gen >= 0 {
+			p := proc{r.Agent, r.Gen}
+			by[p] = append(by[p], spend{r.Sent, r.Recv, float64(r.Cost)})
+		}
+	}
+	var ws []Window
+	var vs []Violation
+	capacity := tokensOf(k.Emergency.Capacity())
+	for p, spends := range by {
+		over, w := fullestWindow(spends, capacity, ratePerSecond(*k.Emergency), 0)
+		w.Key, w.Allowed = fmt.Sprintf("%s agent %d/%d", k.Name, p.agent, p.gen/2), len(spends)
+		ws = append(ws, w)
+		if over > 1e-9 {
+			vs = append(vs, Violation{Check: "emergency", Detail: fmt.Sprintf(
+				"key %s, agent %d (start %d): %.0f degraded allows within %v from %v, bound C_e + r_e·w = %.2f",
+				k.Name, p.agent, p.gen/2, w.Tokens, w.Span.Round(time.Millisecond), w.From.Round(time.Millisecond), w.Bound)})
+		}
+	}
+	slices.SortFunc(ws, func(a, b Window) int { return int(b.Tokens - a.Tokens) })
+	return ws, vs
+}
+
+// checkOutage: while the global state of a key is unreachable, no lease can be granted, and
+// every lease granted before has expired τ after the outage began (a lease is measured from
+// the moment its Acquire was sent, which was before). So a check sent τ (plus slack) or more
+// into the outage and answered before it ended is answered by the route's failure mode: a
+// fail-closed route never allows (503 with its Retry-After, or a cached deny), an emergency
+// route allows only degraded.
+func checkOutage(in CheckInput, o Outage) (OutageResult, []Violation) {
+	res := OutageResult{Step: o.Step, Duration: o.To - o.From}
+	nodes := map[int]int{} // key ID → node
+	affected := func(k *Key) bool {
+		if o.Nodes == nil {
+			return true
+		}
+		n, ok := nodes[k.ID]
+		if !ok {
+			n = in.NodeOf(k.Name)
+			nodes[k.ID] = n
+		}
+		return slices.Contains(o.Nodes, n)
+	}
+	cold := in.Keys.Set.Rule("cold")
+	var vs []Violation
+	firstAllow := map[int8]time.Duration{}
+	for i := range in.Records {
+		r := &in.Records[i]
+		var rule *policy.Rule
+		var tau time.Duration
+		if r.Key >= 0 {
+			k := in.Keys.List[r.Key]
+			if !affected(k) {
+				if r.Sent >= o.From+k.Tau+fixedSlack && r.Recv <= o.To && r.Outcome != OutError {
+					res.Others++
+					if r.Outcome == OutUnavailable || r.Degraded {
+						res.OthersFailed++
+					}
+				}
+				continue
+			}
+			rule, tau = k.Rule, k.Tau
+		} else {
+			if o.Nodes != nil {
+				continue // churn keys are spread over every node
+			}
+			rule, tau = cold, churnTau(in.Keys)
+		}
+		if r.Kind == KindClosed && r.Outcome == OutAllow && r.Sent >= o.To {
+			if t, ok := firstAllow[r.Agent]; !ok || r.Recv < t {
+				firstAllow[r.Agent] = r.Recv
+			}
+		}
+		if r.Sent < o.From+tau+fixedSlack || r.Recv > o.To || r.Outcome == OutError {
+			continue
+		}
+		res.Checked++
+		switch {
+		case r.Outcome == OutAllow && r.Degraded:
+			res.DegradedAllows++
+			if rule.OnFailure != policy.Emergency {
+				vs = append(vs, Violation{Check: "failure-mode", Detail: fmt.Sprintf(
+					"%s: degraded allow on fail-closed rule %s (agent %d at %v)", o.Step, rule.Name, r.Agent, r.Sent)})
+			}
+		case r.Outcome == OutAllow:
+			res.Allowed++
+			vs = append(vs, Violation{Check: "failure-mode", Detail: fmt.Sprintf(
+				"%s: %s check allowed %v into the outage, after every lease had expired (τ = %v; agent %d, sent at %v)",
+				o.Step, rule.Name, (r.Sent - o.From).Round(time.Millisecond), tau, r.Agent, r.Sent.Round(time.Millisecond))})
+		case r.Outcome == OutUnavailable:
+			res.Unavailable++
+			if rule.OnFailure == policy.Emergency {
+				vs = append(vs, Violation{Check: "failure-mode", Detail: fmt.Sprintf(
+					"%s: emergency rule %s answered unavailable (agent %d at %v)", o.Step, rule.Name, r.Agent, r.Sent)})
+			} else if want := ceilSeconds(rule.FailureRetryAfter, r.Envoy); r.RetryAfter != want {
+				vs = append(vs, Violation{Check: "failure-mode", Detail: fmt.Sprintf(
+					"%s: rule %s answered unavailable with Retry-After %v, want the rule's %v", o.Step, rule.Name, r.RetryAfter, want)})
+			}
+		case r.Outcome == OutDeny:
+			res.Deny++
+		}
+	}
+	res.Recovery = -1 // no fail-closed key was cut off
+	for _, t := range firstAllow {
+		res.Recovery = max(res.Recovery, t-o.To)
+	}
+	// The failure mode must show: a fail-closed key answered unavailable and an emergency key
+	// allowed degraded, whenever their checks fell in the outage.
+	var closedChecks, emergencyChecks, emergencyDegraded int
+	for i := range in.Records {
+		r := &in.Records[i]
+		if r.Key < 0 || r.Outcome == OutError || r.Sent < o.From+in.Keys.List[r.Key].Tau+fixedSlack || r.Recv > o.To ||
+			!affected(in.Keys.List[r.Key]) {
+			continue
+		}
+		switch r.Kind {
+		case KindClosed:
+			closedChecks++
+		case KindEmergency:
+			emergencyChecks++
+			if r.Degraded {
+				emergencyDegraded++
+			}
+		}
+	}
+	if closedChecks > 0 && res.Unavailable == 0 {
+		vs = append(vs, Violation{Check: "failure-mode", Detail: fmt.Sprintf(
+			"%s: %d fail-closed checks in the outage, none answered unavailable", o.Step, closedChecks)})
+	}
+	if emergencyChecks > 0 && emergencyDegraded == 0 {
+		vs = append(vs, Violation{Check: "failure-mode", Detail: fmt.Sprintf(
+			"%s: %d emergency checks in the outage, none answered from the emergency bucket", o.Step, emergencyChecks)})
+	}
+	return res, vs
+}
+
+// ceilSeconds is the Retry-After a client sees: milliseconds on the native API, whole seconds
+// (rounded up) through Envoy's.
+func ceilSeconds(d time.Duration, envoy bool) time.Duration {
+	if !envoy {
+		return d
+	}
+	return (d + time.Second - 1) / time.Second * time.Second
+}
+
+func churnTau(ks *Keys) time.Duration {
+	for _, k := range ks.List {
+		if k.Kind == KindCold {
+			return k.Tau
+		}
+	}
+	return 0
+}
+
+// checkIdempotency: a repeat of an allowed check's idempotency key, sent to the same agent
+// process within its window, is answered with the first decision and not charged; a repeat of
+// anything else is decided afresh. Records of one generator are in order, a repeat right after
+// its original.
+func checkIdempotency(in CheckInput) (replays int, vs []Violation) {
+	for i := 1; i < len(in.Records); i++ {
+		r, first := &in.Records[i], &in.Records[i-1]
+		if !r.Retry {
+			continue
+		}
+		if r.Replayed {
+			replays++
+		}
+		switch {
+		case first.Replayed:
+			vs = append(vs, Violation{Check: "idempotency", Detail: fmt.Sprintf(
+				"agent %d: the first check of a fresh idempotency key was answered as a replay", first.Agent)})
+		case first.Outcome == OutAllow && first.Gen >= 0 && r.Gen == first.Gen && r.Sent-first.Sent < in.IdempotencyWindow &&
+			r.Outcome != OutError && !(r.Outcome == OutAllow && r.Replayed):
+			vs = append(vs, Violation{Check: "idempotency", Detail: fmt.Sprintf(
+				"agent %d: a repeat of an allowed check's idempotency key got %v (replayed %v), want the first allow without a charge",
+				r.Agent, r.Outcome, r.Replayed)})
+		case first.Outcome != OutAllow && r.Replayed:
+			vs = append(vs, Violation{Check: "idempotency", Detail: fmt.Sprintf(
+				"agent %d: a repeat of a check that got %v was answered as a replay", r.Agent, first.Outcome)})
+		}
+	}
+	return replays, vs
+}
+
+// checkLedger: the ledger key barely refills, so Redis' level says what was granted (net of
+// returns): debited = C − level, up to the refill. Every token debited was spent by an allow a
+// client saw, or is stranded: held by an agent killed with SIGKILL, or in a return that failed.
+// So spent ≤ debited (+ refill) — an agent never admits more than it was granted — and
+// stranded = debited − spent ≤ the killed agents' outstanding leases + the returns the agents
+// said they lost (+ the cost of ledger checks whose answer the client never saw, and one token
+// for the decay of returned leases and the refill).
+func checkLedger(in CheckInput, byKey [][]*Record) (LedgerResult, []Violation) {
+	f := in.Ledger
+	var spent, unknown float64
+	var errs int
+	for _, r := range byKey[ledgerKeyID(in.Keys)] {
+		switch {
+		case r.Spends():
+			spent += float64(r.Cost)
+		case r.Outcome == OutError:
+			errs++
+			unknown += float64(r.Cost)
+		}
+	}
+	debited := tokensOf(f.Capacity - f.Level)
+	res := LedgerResult{Debited: debited, Spent: spent, Stranded: debited - spent, Held: f.Held, Errors: errs,
+		Bound: f.Strandable + f.Lost + unknown + 1}
+	var vs []Violation
+	if spent > debited+tokensOf(f.Refill) {
+		vs = append(vs, Violation{Check: "ledger", Detail: fmt.Sprintf(
+			"agents allowed %.0f tokens of the ledger key, but only %.6f were debited in Redis (refill at most %.6f): tokens were created",
+			spent, debited, tokensOf(f.Refill))})
+	}
+	if res.Stranded > res.Bound {
+		vs = append(vs, Violation{Check: "ledger", Detail: fmt.Sprintf(
+			"%.6f tokens debited but neither spent nor returned, more than the killed agents held (%.0f) plus the returns they lost (%.6f) and %d unanswered checks",
+			res.Stranded, f.Strandable, f.Lost, errs)})
+	}
+	return res, vs
+}
+
+func ledgerKeyID(ks *Keys) int {
+	for _, k := range ks.List {
+		if k.Kind == KindLedger {
+			return k.ID
+		}
+	}
+	return -1
+}

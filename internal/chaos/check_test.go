@@ -1,0 +1,307 @@
+package chaos
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leasebucket/leasebucket/internal/bucket"
+)
+
+// The checker on records built by hand: each check must catch the broken promise it exists for
+// and pass the kept one, so that a clean run means something.
+
+func testKeys(t *testing.T) (*Keys, map[Kind]*Key) {
+	t.Helper()
+	ks, err := NewKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	byKind := map[Kind]*Key{}
+	for _, k := range []struct {
+		kind             Kind
+		tenant, path, op string
+	}{
+		{KindHot, hotTenant(), hotPath(), "GET"},
+		{KindClosed, closedTenant(0), closedPath(1), "POST"},
+		{KindEmergency, emergencyTenant(0), emergencyPath(1), "GET"},
+		{KindLedger, ledgerTenant(), ledgerPath(), "GET"},
+		{KindCold, coldTenant(0), coldPath(1), "GET"},
+	} {
+		key, err := ks.Add(k.kind, k.tenant, k.path, k.op)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byKind[k.kind] = key
+	}
+	return ks, byKind
+}
+
+func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+
+// allows returns n allows of key k, one every gap from start, each answered 1 ms after it was sent.
+func allows(k *Key, n int, start, gap time.Duration) []Record {
+	rs := make([]Record, n)
+	for i := range rs {
+		sent := start + time.Duration(i)*gap
+		rs[i] = Record{Sent: sent, Recv: sent + ms(1), Key: int32(k.ID), Kind: k.Kind, Cost: int32(k.Cost), Outcome: OutAllow}
+	}
+	return rs
+}
+
+func violations(res Result, check string) []Violation {
+	var vs []Violation
+	for _, v := range res.Violations {
+		if v.Check == check {
+			vs = append(vs, v)
+		}
+	}
+	return vs
+}
+
+func TestAdmission(t *testing.T) {
+	ks, k := testKeys(t)
+	hot := k[KindHot] // C = 50, r = 100/s, τ = 200 ms: at most 70 in any instant, 170 in a second
+	for _, tc := range []struct {
+		name    string
+		records []Record
+		broken  bool
+	}{
+		{"the burst and the lease at once", allows(hot, 70, 0, 0), false},
+		{"one more than C + r·τ at once", allows(hot, 71, 0, 0), true},
+		{"at the rate for 10 s after a full burst", append(allows(hot, 70, 0, 0), allows(hot, 1000, ms(10), ms(10))...), false},
+		{"10 % above the rate for 10 s", allows(hot, 1100, 0, ms(9)), true},
+		{"twice the burst in a second", allows(hot, 340, 0, ms(3)), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := Check(CheckInput{Keys: ks, Records: tc.records})
+			if got := len(violations(res, "admission")) > 0; got != tc.broken {
+				t.Fatalf("admission violated = %v, want %v (%v; fullest window %+v)", got, tc.broken, res.Violations, res.Windows)
+			}
+		})
+	}
+}
+
+func TestAdmissionSlowAnswers(t *testing.T) {
+	// 71 allows answered within a millisecond of each other, sent over the 600 ms before: their
+	// spends may lie anywhere in those 600 ms, so the window is 600 ms long (bound 50 + 100·0.8).
+	ks, k := testKeys(t)
+	rs := allows(k[KindHot], 71, 0, 0)
+	for i := range rs {
+		rs[i].Sent, rs[i].Recv = ms(i*600/71), ms(600)+time.Duration(i)*time.Microsecond
+	}
+	if res := Check(CheckInput{Keys: ks, Records: rs}); len(res.Violations) > 0 {
+		t.Fatalf("slow answers blamed: %v", res.Violations)
+	}
+	// The same allows, each answered at once: within 600 ms the bound is 50 + 100·0.8 = 130; 140
+	// (twice the 70) is beyond it.
+	rs = append(allows(k[KindHot], 70, 0, ms(8)), allows(k[KindHot], 70, 0, ms(8))...)
+	if res := Check(CheckInput{Keys: ks, Records: rs}); len(violations(res, "admission")) == 0 {
+		t.Fatal("140 allows within 560 ms passed")
+	}
+}
+
+func TestAdmissionIgnoresDegradedAndReplays(t *testing.T) {
+	ks, k := testKeys(t)
+	rs := allows(k[KindHot], 70, 0, 0)
+	more := allows(k[KindHot], 20, 0, 0)
+	for i := range more {
+		more[i].Replayed = true
+	}
+	if res := Check(CheckInput{Keys: ks, Records: append(rs, more...)}); len(res.Violations) > 0 {
+		t.Fatalf("replays counted as spends: %v", res.Violations)
+	}
+}
+
+func TestEmergencyBucket(t *testing.T) {
+	ks, k := testKeys(t)
+	em := k[KindEmergency] // emergency bucket: C_e = 4, r_e = 2/s
+	degraded := func(agent int8, gen int32, n int, gap time.Duration) []Record {
+		rs := allows(em, n, ms(1000), gap)
+		for i := range rs {
+			rs[i].Degraded, rs[i].Agent, rs[i].Gen = true, agent, gen
+		}
+		return rs
+	}
+	// Two agents, four each at once: each agent's own bucket.
+	if res := Check(CheckInput{Keys: ks, Records: append(degraded(0, 0, 4, 0), degraded(1, 0, 4, 0)...)}); len(res.Violations) > 0 {
+		t.Fatalf("two agents' emergency buckets: %v", res.Violations)
+	}
+	// One agent, 4 at once then one every 500 ms: at the emergency rate.
+	if res := Check(CheckInput{Keys: ks, Records: append(degraded(0, 0, 4, 0), degraded(0, 0, 10, ms(500))[1:]...)}); len(violations(res, "emergency")) > 0 {
+		t.Fatalf("the emergency rate: %v", res.Violations)
+	}
+	if res := Check(CheckInput{Keys: ks, Records: degraded(0, 0, 5, 0)}); len(violations(res, "emergency")) == 0 {
+		t.Fatal("five degraded allows at once from one agent's bucket of four passed")
+	}
+	// A restarted agent has a new bucket.
+	if res := Check(CheckInput{Keys: ks, Records: append(degraded(0, 0, 4, 0), degraded(0, 2, 4, 0)...)}); len(res.Violations) > 0 {
+		t.Fatalf("a restarted agent's new bucket: %v", res.Violations)
+	}
+}
+
+func TestOutage(t *testing.T) {
+	ks, k := testKeys(t)
+	closed, em := k[KindClosed], k[KindEmergency] // τ = 200 ms, Retry-After 2 s
+	outage := Outage{Step: "test", From: ms(1000), To: ms(3000)}
+	answer := func(key *Key, sent time.Duration, o Outcome, degraded bool, retry time.Duration) Record {
+		return Record{Sent: sent, Recv: sent + ms(1), Key: int32(key.ID), Kind: key.Kind, Cost: 1, Outcome: o,
+			Degraded: degraded, RetryAfter: retry}
+	}
+	good := []Record{
+		answer(closed, ms(1100), OutAllow, false, 0), // within τ: a lease may still serve it
+		answer(closed, ms(1500), OutUnavailable, false, 2*time.Second),
+		answer(closed, ms(2500), OutDeny, false, time.Second), // a cached deny
+		answer(em, ms(1500), OutAllow, true, 0),
+		answer(em, ms(1600), OutDeny, true, 500*time.Millisecond),
+		answer(closed, ms(3100), OutAllow, false, 0), // after the outage
+	}
+	for _, tc := range []struct {
+		name string
+		bad  Record
+	}{
+		{"a fail-closed allow after τ", answer(closed, ms(1300), OutAllow, false, 0)},
+		{"an emergency allow that is not degraded", answer(em, ms(2000), OutAllow, false, 0)},
+		{"503 with another Retry-After", answer(closed, ms(2000), OutUnavailable, false, time.Second)},
+		{"503 on an emergency route", answer(em, ms(2000), OutUnavailable, false, time.Second)},
+		{"a degraded allow on a fail-closed route", answer(closed, ms(2000), OutAllow, true, 0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := Check(CheckInput{Keys: ks, Records: good, Outages: []Outage{outage}})
+			if len(res.Violations) > 0 {
+				t.Fatalf("kept promises blamed: %v", res.Violations)
+			}
+			res = Check(CheckInput{Keys: ks, Records: append(append([]Record(nil), good...), tc.bad), Outages: []Outage{outage}})
+			if len(violations(res, "failure-mode")) == 0 {
+				t.Fatal("not caught")
+			}
+		})
+	}
+	// Only 429s on a fail-closed route through a whole outage: its failure mode never showed.
+	res := Check(CheckInput{Keys: ks, Outages: []Outage{outage}, Records: []Record{answer(closed, ms(2000), OutDeny, false, time.Second)}})
+	if len(violations(res, "failure-mode")) == 0 {
+		t.Fatal("an outage without a single 503 passed")
+	}
+	// An outage of another Redis node does not concern the key.
+	res = Check(CheckInput{Keys: ks, Outages: []Outage{{Step: "node 1", From: ms(1000), To: ms(3000), Nodes: []int{1}}},
+		NodeOf: func(string) int { return 0 }, Records: []Record{answer(closed, ms(2000), OutAllow, false, 0)}})
+	if len(res.Violations) > 0 {
+		t.Fatalf("an outage of another node blamed: %v", res.Violations)
+	}
+}
+
+func TestIdempotency(t *testing.T) {
+	ks, k := testKeys(t)
+	first := Record{Sent: ms(0), Recv: ms(1), Key: int32(k[KindCold].ID), Outcome: OutAllow, Gen: 2}
+	replay := first
+	replay.Sent, replay.Recv, replay.Retry, replay.Replayed = ms(2), ms(3), true, true
+	charged := replay
+	charged.Replayed = false
+	restarted := charged
+	restarted.Gen = 4
+	in := func(rs ...Record) CheckInput {
+		return CheckInput{Keys: ks, Records: rs, IdempotencyWindow: 2 * time.Minute}
+	}
+	if res := Check(in(first, replay)); len(res.Violations) > 0 || res.Replays != 1 {
+		t.Fatalf("a replay: %v, %d replays", res.Violations, res.Replays)
+	}
+	if res := Check(in(first, charged)); len(violations(res, "idempotency")) == 0 {
+		t.Fatal("a repeat of an allow decided again passed")
+	}
+	if res := Check(in(first, restarted)); len(res.Violations) > 0 {
+		t.Fatalf("a repeat to a restarted agent (which cannot remember) blamed: %v", res.Violations)
+	}
+	denied := first
+	denied.Outcome = OutDeny
+	if res := Check(in(denied, replay)); len(violations(res, "idempotency")) == 0 {
+		t.Fatal("a deny replayed passed")
+	}
+}
+
+func TestLedger(t *testing.T) {
+	ks, k := testKeys(t)
+	l := k[KindLedger]
+	capacity := l.Limit.Capacity()
+	spent := allows(l, 100, 0, ms(10)) // 100 tokens
+	facts := func(debited, strandable, lost float64) *LedgerFacts {
+		return &LedgerFacts{Capacity: capacity, Level: capacity - bucket.Micro(debited*float64(bucket.PerToken)),
+			Refill: 1, Strandable: strandable, Lost: lost}
+	}
+	for _, tc := range []struct {
+		name      string
+		facts     *LedgerFacts
+		violation string
+	}{
+		{"exact", facts(100, 0, 0), ""},
+		{"a killed agent held 30", facts(130, 40, 0), ""},
+		{"a return of 30 failed", facts(130, 0, 30), ""},
+		{"one token more allowed than debited", facts(99, 0, 0), "created"},
+		{"30 stranded, nothing killed", facts(130, 0, 0), "neither spent nor returned"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := Check(CheckInput{Keys: ks, Records: spent, Ledger: tc.facts})
+			vs := violations(res, "ledger")
+			switch {
+			case tc.violation == "" && len(vs) > 0:
+				t.Fatalf("blamed: %v", vs)
+			case tc.violation != "" && (len(vs) == 0 || !strings.Contains(vs[0].Detail, tc.violation)):
+				t.Fatalf("got %v, want a violation saying %q", vs, tc.violation)
+			}
+		})
+	}
+}
+
+func TestGrowth(t *testing.T) {
+	series := func(name string, f func(i int) Sample) *Series {
+		s := &Series{Name: name, Pid: 1}
+		for i := range 40 {
+			smp := f(i)
+			smp.At = time.Duration(i) * time.Second
+			s.Samples = append(s.Samples, smp)
+		}
+		return s
+	}
+	flat := series("flat", func(i int) Sample {
+		return Sample{RSSKiB: 30000 + int64(i%3)*1000, FDs: 20, Goroutines: 40 + i%2, Keys: 256}
+	})
+	leak := series("leak", func(i int) Sample {
+		return Sample{RSSKiB: 30000, FDs: 20, Goroutines: 40 + 2*i, Keys: 10}
+	})
+	fds := series("fds", func(i int) Sample { return Sample{RSSKiB: 30000, FDs: 20 + 3*i, Goroutines: -1, Keys: -1} })
+	rss := series("rss", func(i int) Sample {
+		return Sample{RSSKiB: 30000 + int64(i)*2000, FDs: 20, Goroutines: 40, Keys: -1}
+	})
+	over := series("over", func(int) Sample { return Sample{RSSKiB: 30000, FDs: 20, Goroutines: 40, Keys: 257} })
+	gs, vs := CheckGrowth([]*Series{flat, leak, fds, rss, over}, 0, 40*time.Second, 256)
+	if len(gs) != 5 {
+		t.Fatalf("%d processes checked, want 5", len(gs))
+	}
+	got := map[string]bool{}
+	for _, v := range vs {
+		got[v.Check+" "+strings.Fields(v.Detail)[0]] = true
+	}
+	want := map[string]bool{"soak leak": true, "soak fds": true, "soak rss": true, "lru over": true}
+	if len(got) != len(want) {
+		t.Fatalf("violations %v, want %v", vs, want)
+	}
+	for w := range want {
+		if !got[w] {
+			t.Fatalf("violations %v, want %v", vs, want)
+		}
+	}
+}
+
+func TestKeySlot(t *testing.T) {
+	for key, want := range map[string]int64{
+		"123456789":                    12739, // CRC16/XMODEM check value 0x31C3
+		"foo":                          12182,
+		"{user1000}.following":         3443,
+		"user1000":                     3443,
+		"{}x":                          10595, // an empty tag: the whole key
+		"lb1:hot|/hot|read|edc7c26b7f": 7559,  // answers of redis-server's CLUSTER KEYSLOT
+	} {
+		if got := KeySlot(key); got != want {
+			t.Errorf("KeySlot(%q) = %d, want %d", key, got, want)
+		}
+	}
+}

@@ -1,0 +1,394 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
+)
+
+// Outcome is what a check got.
+type Outcome uint8
+
+// Outcomes.
+const (
+	OutAllow Outcome = iota + 1
+	OutDeny
+	OutUnavailable
+	OutError // a gRPC error: the agent is down, or rejected the check
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case OutAllow:
+		return "allow"
+	case OutDeny:
+		return "deny"
+	case OutUnavailable:
+		return "unavailable"
+	case OutError:
+		return "error"
+	}
+	return "unknown"
+}
+
+// Record is one check as the load generator saw it. Times are since the run's zero, on the
+// monotonic clock every process of the machine shares.
+type Record struct {
+	Sent, Recv time.Duration
+	RetryAfter time.Duration // DENY and UNAVAILABLE
+	Key        int32         // index in Keys; -1 for churn keys (each used once)
+	Cost       int32         // tokens charged if allowed (the rule's cost when the check said 0)
+	Gen        int32         // the agent's generation when sent and answered; -1 if it changed or was odd
+	Agent      int8
+	Kind       Kind
+	Outcome    Outcome
+	Code       codes.Code // OutError
+	Degraded   bool
+	Replayed   bool // an idempotent repeat answered without a charge
+	Retry      bool // the repeat of the previous check's idempotency key
+	Envoy      bool // sent through envoy.service.ratelimit.v3
+}
+
+// Spends reports whether the record spent tokens of the global bucket: an allow that is neither
+// degraded (the emergency bucket) nor an idempotent replay.
+func (r *Record) Spends() bool { return r.Outcome == OutAllow && !r.Degraded && !r.Replayed }
+
+// LoadConfig is the offered load, in checks per second per agent for each kind.
+type LoadConfig struct {
+	Hot, Cold, Churn, Closed, Emergency, Ledger float64
+	ColdTenants                                 int
+	// EnvoyEvery sends every n-th hot, cold, closed and emergency check through Envoy's
+	// ShouldRateLimit instead of Check (0: never).
+	EnvoyEvery int
+	// IdemEvery gives every n-th cold and ledger check an idempotency key and repeats it once
+	// after its answer, as a client retrying would (0: never).
+	IdemEvery int
+}
+
+// checkTimeout is a check's deadline: far above the agent's wait bound (50 ms), so a check
+// that misses it means a stuck agent.
+const checkTimeout = 2 * time.Second
+
+// Load runs the load generators: per agent and kind, one goroutine paced at its rate.
+type Load struct {
+	s    *Stack
+	keys *Keys
+	cfg  LoadConfig
+	seed uint64
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+
+	ledger []ledgerGate // per agent
+
+	mu      sync.Mutex
+	records [][]Record // one slice per worker, merged by Records
+
+	hot, ledgerKey *Key
+	cold           []*Key
+	closed, emerg  []*Key
+	churnSeq       []atomic.Int64
+}
+
+// ledgerGate pauses one agent's ledger checks: the harness quiesces the ledger key before a
+// fault whose outcome for a grant in flight it could not know (docs/reliability.md).
+type ledgerGate struct {
+	paused   atomic.Bool
+	inflight atomic.Int64
+}
+
+// NewLoad registers the keys of the load in keys.
+func NewLoad(s *Stack, keys *Keys, cfg LoadConfig, seed uint64) (*Load, error) {
+	l := &Load{s: s, keys: keys, cfg: cfg, seed: seed, stop: make(chan struct{}),
+		ledger: make([]ledgerGate, len(s.Agents)), churnSeq: make([]atomic.Int64, len(s.Agents))}
+	var err error
+	add := func(kind Kind, tenant, path, op string) *Key {
+		if err != nil {
+			return nil
+		}
+		var k *Key
+		k, err = keys.Add(kind, tenant, path, op)
+		return k
+	}
+	l.hot = add(KindHot, hotTenant(), hotPath(), "GET")
+	l.ledgerKey = add(KindLedger, ledgerTenant(), ledgerPath(), "GET")
+	for i := range cfg.ColdTenants {
+		l.cold = append(l.cold, add(KindCold, coldTenant(i), coldPath(0), "GET"))
+	}
+	for i := range 4 {
+		l.closed = append(l.closed, add(KindClosed, closedTenant(i), closedPath(0), "POST"))
+		l.emerg = append(l.emerg, add(KindEmergency, emergencyTenant(i), emergencyPath(0), "GET"))
+	}
+	return l, err
+}
+
+// Start starts every generator.
+func (l *Load) Start() {
+	for ai := range l.s.Agents {
+		for _, w := range []struct {
+			kind Kind
+			rate float64
+		}{{KindHot, l.cfg.Hot}, {KindCold, l.cfg.Cold}, {KindChurn, l.cfg.Churn}, {KindClosed, l.cfg.Closed},
+			{KindEmergency, l.cfg.Emergency}, {KindLedger, l.cfg.Ledger}} {
+			if w.rate <= 0 {
+				continue
+			}
+			l.mu.Lock()
+			slot := len(l.records)
+			l.records = append(l.records, nil)
+			l.mu.Unlock()
+			rng := rand.New(rand.NewPCG(l.seed, uint64(ai)<<8|uint64(w.kind)))
+			l.wg.Go(func() { l.run(ai, w.kind, w.rate, rng, slot) })
+		}
+	}
+}
+
+// Stop stops every generator and waits for the checks in flight.
+func (l *Load) Stop() {
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	l.wg.Wait()
+}
+
+// Records returns every record, in no particular order. Call it after Stop.
+func (l *Load) Records() []Record {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, rs := range l.records {
+		n += len(rs)
+	}
+	all := make([]Record, 0, n)
+	for _, rs := range l.records {
+		all = append(all, rs...)
+	}
+	return all
+}
+
+// PauseLedger stops agent i's ledger checks and waits until none is in flight.
+func (l *Load) PauseLedger(i int) {
+	l.ledger[i].paused.Store(true)
+	for l.ledger[i].inflight.Load() > 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// ResumeLedger lets agent i's ledger checks go on.
+func (l *Load) ResumeLedger(i int) { l.ledger[i].paused.Store(false) }
+
+// LedgerKey is the ledger's key.
+func (l *Load) LedgerKey() *Key { return l.ledgerKey }
+
+// request is one check to send.
+type request struct {
+	kind   Kind
+	key    *Key // nil for churn
+	tenant string
+	path   string
+	op     string
+	cost   int64 // 0: the rule's
+	idem   string
+	envoy  bool
+}
+
+func (l *Load) run(ai int, kind Kind, rate float64, rng *rand.Rand, slot int) {
+	a := l.s.Agents[ai]
+	every := time.Duration(float64(time.Second) / rate)
+	// Start at a random phase so agents do not send in lockstep.
+	next := time.Now().Add(time.Duration(rng.Int64N(int64(every))))
+	var local []Record
+	defer func() {
+		l.mu.Lock()
+		l.records[slot] = append(l.records[slot], local...)
+		l.mu.Unlock()
+	}()
+	for n := 0; ; n++ {
+		t := time.NewTimer(time.Until(next))
+		select {
+		case <-l.stop:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		next = next.Add(every)
+		if late := time.Until(next); late < -every { // fell behind (a slow check): do not catch up in a burst
+			next = time.Now().Add(every)
+		}
+		req := l.next(ai, kind, n, rng)
+		gate := &l.ledger[ai]
+		if kind == KindLedger {
+			gate.inflight.Add(1)
+			if gate.paused.Load() {
+				gate.inflight.Add(-1)
+				continue
+			}
+		}
+		rec := l.send(a, req)
+		local = append(local, rec)
+		if req.idem != "" && rec.Outcome != OutError {
+			retry := l.send(a, req)
+			retry.Retry = true
+			local = append(local, retry)
+		}
+		if kind == KindLedger {
+			gate.inflight.Add(-1)
+		}
+	}
+}
+
+// next builds the n-th check of a generator.
+func (l *Load) next(ai int, kind Kind, n int, rng *rand.Rand) request {
+	r := request{kind: kind}
+	switch kind {
+	case KindHot:
+		r.key, r.path, r.op = l.hot, hotPath(), "GET"
+	case KindCold:
+		// Skewed: the first tenants get most of the load (u³ puts 15 % of 300 tenants' checks on
+		// the first one), so some cold keys run at their limit and most idle.
+		u := rng.Float64()
+		r.key = l.cold[int(float64(len(l.cold))*u*u*u)]
+		r.path, r.op = coldPath(rng.IntN(1000)), "GET"
+		if rng.IntN(5) > 0 {
+			r.cost = 1 + rng.Int64N(3)
+		}
+	case KindChurn:
+		seq := l.churnSeq[ai].Add(1)
+		r.tenant, r.path, r.op = churnTenant(ai, int(seq)), churnPath(int(seq)), "GET"
+	case KindClosed:
+		r.key, r.path, r.op = l.closed[rng.IntN(len(l.closed))], closedPath(rng.IntN(100)), "POST"
+	case KindEmergency:
+		r.key, r.path, r.op = l.emerg[rng.IntN(len(l.emerg))], emergencyPath(rng.IntN(100)), "GET"
+	case KindLedger:
+		r.key, r.path, r.op = l.ledgerKey, ledgerPath(), "GET"
+	}
+	if r.key != nil {
+		r.tenant = r.key.Tenant
+	}
+	if l.cfg.IdemEvery > 0 && (kind == KindCold || kind == KindLedger) && n%l.cfg.IdemEvery == 0 {
+		r.idem = fmt.Sprintf("%s-%d-%d-%d", kind, ai, n, rng.Uint32())
+	} else if l.cfg.EnvoyEvery > 0 && kind != KindLedger && kind != KindChurn && n%l.cfg.EnvoyEvery == 1 {
+		r.envoy = true
+	}
+	return r
+}
+
+// send makes one check and records its outcome.
+func (l *Load) send(a *Agent, req request) Record {
+	rec := Record{Key: -1, Agent: int8(a.Index), Kind: req.kind, Envoy: req.envoy}
+	if req.key != nil {
+		rec.Key = int32(req.key.ID)
+		rec.Cost = int32(req.key.Cost)
+	} else {
+		rec.Cost = 1
+	}
+	if req.cost > 0 {
+		rec.Cost = int32(req.cost)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
+	defer cancel()
+	g1 := a.Gen()
+	rec.Sent = l.s.Since()
+	if req.envoy {
+		resp, err := a.Envoy.ShouldRateLimit(ctx, envoyRequest(req))
+		rec.Recv = l.s.Since()
+		envoyOutcome(&rec, resp, err)
+	} else {
+		resp, err := a.Client.Check(ctx, &agentv1.CheckRequest{Tenant: req.tenant, Route: req.path, Operation: req.op,
+			Cost: req.cost, IdempotencyKey: req.idem})
+		rec.Recv = l.s.Since()
+		checkOutcome(&rec, resp, err)
+	}
+	if g2 := a.Gen(); g1 == g2 && g1%2 == 0 {
+		rec.Gen = int32(g1)
+	} else {
+		rec.Gen = -1
+	}
+	return rec
+}
+
+func checkOutcome(rec *Record, resp *agentv1.CheckResponse, err error) {
+	if err != nil {
+		rec.Outcome, rec.Code = OutError, status.Code(err)
+		return
+	}
+	switch resp.Decision {
+	case agentv1.Decision_DECISION_ALLOW:
+		rec.Outcome = OutAllow
+	case agentv1.Decision_DECISION_DENY:
+		rec.Outcome = OutDeny
+	case agentv1.Decision_DECISION_UNAVAILABLE:
+		rec.Outcome = OutUnavailable
+	default:
+		rec.Outcome, rec.Code = OutError, codes.Unknown
+	}
+	rec.Degraded, rec.Replayed = resp.Degraded, resp.Replayed
+	rec.RetryAfter = time.Duration(resp.RetryAfterMs) * time.Millisecond
+}
+
+// envoyRequest is req as Envoy's rate limit filter sends it: one descriptor with the policy's
+// tenant, path and method entries (PolicyText's envoy section); hits_addend is the cost.
+func envoyRequest(req request) *ratelimitv3.RateLimitRequest {
+	return &ratelimitv3.RateLimitRequest{
+		Domain: "leasebucket",
+		Descriptors: []*commonv3.RateLimitDescriptor{{Entries: []*commonv3.RateLimitDescriptor_Entry{
+			{Key: "tenant", Value: req.tenant}, {Key: "path", Value: req.path}, {Key: "method", Value: req.op},
+		}}},
+		HitsAddend: uint32(req.cost),
+	}
+}
+
+// envoyOutcome reads an Envoy answer: OK is an allow, OVER_LIMIT a deny, and an UNAVAILABLE
+// error naming a fail-closed rule the agent's 503 (Envoy's failure_mode_deny turns it into one).
+func envoyOutcome(rec *Record, resp *ratelimitv3.RateLimitResponse, err error) {
+	if err != nil {
+		st := status.Convert(err)
+		if st.Code() == codes.Unavailable && strings.Contains(st.Message(), "fails closed") {
+			rec.Outcome = OutUnavailable
+			if _, s, ok := strings.Cut(st.Message(), "retry after "); ok {
+				if n, err := strconv.Atoi(strings.TrimSuffix(s, "s")); err == nil {
+					rec.RetryAfter = time.Duration(n) * time.Second
+				}
+			}
+			return
+		}
+		rec.Outcome, rec.Code = OutError, st.Code()
+		return
+	}
+	switch resp.OverallCode {
+	case ratelimitv3.RateLimitResponse_OK:
+		rec.Outcome = OutAllow
+	case ratelimitv3.RateLimitResponse_OVER_LIMIT:
+		rec.Outcome = OutDeny
+		if len(resp.Statuses) == 1 && resp.Statuses[0].DurationUntilReset != nil {
+			rec.RetryAfter = resp.Statuses[0].DurationUntilReset.AsDuration()
+		}
+	default:
+		rec.Outcome, rec.Code = OutError, codes.Unknown
+	}
+	rec.Degraded = hasHeader(resp.ResponseHeadersToAdd, "x-ratelimit-degraded", "true")
+}
+
+func hasHeader(hs []*corev3.HeaderValue, k, v string) bool {
+	for _, h := range hs {
+		if strings.EqualFold(h.Key, k) && h.Value == v {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,176 @@
+package chaos
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/lease"
+	"github.com/leasebucket/leasebucket/policy"
+)
+
+// PolicyText is the policy every process of a run reads. Each rule serves one kind of identity
+// of the load (Kind); docs/reliability.md explains the choice of numbers.
+//
+//   - hot: one key every agent shares, offered about twice its rate: the admission bound is
+//     tested where it is tight. τ = 200 ms (C/4r is 125 ms, below lease.MinTTL).
+//   - cold: many tenants at low, skewed rates with mixed costs (1..3); key churn uses it too.
+//   - closed: fails closed (503, Retry-After 2 s) without its global state; τ = 200 ms, so a
+//     lease granted before an outage is dead 200 ms into it.
+//   - emergency: falls back to a per-agent emergency bucket of 2/s, burst 4.
+//   - ledger: refills one token a day, so its level in Redis is a ledger of what was granted.
+//     Its burst is far above what a run spends.
+const PolicyText = `version: "chaos-1"
+
+envoy:
+  domain: leasebucket
+  tenant_key: tenant
+  route_key: path
+  operation_key: method
+
+rules:
+  - name: hot
+    description: One key every agent shares, saturated by the load.
+    routes: ["/hot"]
+    operations: [read]
+    limit: 100/second
+    burst: 50
+
+  - name: cold
+    description: Many tenants at low rates with mixed costs; key churn.
+    routes: ["/cold/{id}"]
+    operations: [read]
+    limit: 20/second
+    burst: 12
+
+  - name: closed
+    description: Fails closed without its global state.
+    routes: ["/w/{id}"]
+    operations: [write]
+    limit: 50/second
+    burst: 20
+    on_failure: deny
+    retry_after_on_failure: 2s
+
+  - name: emergency
+    description: Degrades to a local emergency bucket without its global state.
+    routes: ["/r/{id}"]
+    operations: [read]
+    limit: 50/second
+    burst: 20
+    on_failure: emergency
+    emergency: {limit: 2/second, burst: 4}
+
+  - name: ledger
+    description: Refills one token a day; Redis' level is a ledger of the grants.
+    routes: ["/ledger"]
+    operations: [read]
+    limit: 1/day
+    burst: 200000
+
+default:
+  limit: 60/minute
+  burst: 10
+`
+
+// Kind is the kind of identity a check is for (one per rule of PolicyText, plus churn).
+type Kind uint8
+
+// Kinds of identities.
+const (
+	KindHot Kind = iota
+	KindCold
+	KindChurn
+	KindClosed
+	KindEmergency
+	KindLedger
+	numKinds
+)
+
+var kindNames = [numKinds]string{"hot", "cold", "churn", "closed", "emergency", "ledger"}
+
+func (k Kind) String() string {
+	if k < numKinds {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("kind(%d)", k)
+}
+
+// Key is one global bucket the load uses, with what the checker needs of its limit.
+type Key struct {
+	ID     int
+	Kind   Kind
+	Tenant string
+	Path   string // a path that maps to the key (the load varies {id} segments)
+	Op     string
+	Name   string // the bucket key in Redis
+	Rule   *policy.Rule
+	Limit  bucket.Limit
+	Tau    time.Duration // lease lifetime: lease.TTL(Limit)
+	Cost   int64         // the rule's cost
+	// Emergency is the local emergency bucket of an emergency rule, nil otherwise.
+	Emergency *bucket.Limit
+}
+
+// Keys is the table of tracked keys; a Record names its key by index.
+type Keys struct {
+	Set  *policy.Set
+	List []*Key
+	byID map[string]int // bucket key → index
+}
+
+// NewKeys parses PolicyText.
+func NewKeys() (*Keys, error) {
+	set, err := policy.Parse("chaos.yaml", []byte(PolicyText))
+	if err != nil {
+		return nil, err
+	}
+	return &Keys{Set: set, byID: map[string]int{}}, nil
+}
+
+// Add registers the bucket of (tenant, path, op) and returns it (the same Key for a second
+// path of the same bucket).
+func (ks *Keys) Add(kind Kind, tenant, path, op string) (*Key, error) {
+	r, err := ks.Set.Match(path, op)
+	if err != nil {
+		return nil, err
+	}
+	name, err := ks.Set.Key(r, tenant, "")
+	if err != nil {
+		return nil, err
+	}
+	if i, ok := ks.byID[name]; ok {
+		return ks.List[i], nil
+	}
+	lim, err := ks.Set.Limits(r, tenant, "")
+	if err != nil {
+		return nil, err
+	}
+	k := &Key{ID: len(ks.List), Kind: kind, Tenant: tenant, Path: path, Op: op, Name: name, Rule: r.Rule,
+		Limit: lim.Bucket, Tau: lease.TTL(lim.Bucket), Cost: ks.Set.Cost(r)}
+	if lim.Emergency != nil {
+		e := lim.Emergency.Bucket
+		k.Emergency = &e
+	}
+	ks.byID[name] = k.ID
+	ks.List = append(ks.List, k)
+	return k, nil
+}
+
+// Name of the tenants of each kind.
+func hotTenant() string               { return "hot" }
+func coldTenant(i int) string         { return fmt.Sprintf("cold-%03d", i) }
+func closedTenant(i int) string       { return fmt.Sprintf("fc-%d", i) }
+func emergencyTenant(i int) string    { return fmt.Sprintf("em-%d", i) }
+func churnTenant(a, n int) string     { return fmt.Sprintf("churn-%d-%d", a, n) }
+func ledgerTenant() string            { return "ledger" }
+func bystanderTenant() string         { return "bystander" }
+func abuseTenant(i int) string        { return fmt.Sprintf("abuse-%d", i) }
+func coldPath(id int) string          { return fmt.Sprintf("/cold/%d", id) }
+func closedPath(id int) string        { return fmt.Sprintf("/w/%d", id) }
+func emergencyPath(id int) string     { return fmt.Sprintf("/r/%d", id) }
+func ledgerPath() string              { return "/ledger" }
+func hotPath() string                 { return "/hot" }
+func churnPath(n int) string          { return fmt.Sprintf("/cold/c%d", n) }
+func unknownPath(n int) string        { return fmt.Sprintf("/no/such/route/%d", n) }
+func tokensOf(m bucket.Micro) float64 { return float64(m) / float64(bucket.PerToken) }
