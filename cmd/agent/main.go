@@ -16,12 +16,10 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"os/user"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,18 +33,14 @@ import (
 	"github.com/leasebucket/leasebucket/agent"
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/internal/audit"
+	"github.com/leasebucket/leasebucket/internal/cli"
 	"github.com/leasebucket/leasebucket/internal/clock"
 	"github.com/leasebucket/leasebucket/internal/tlsconfig"
 	"github.com/leasebucket/leasebucket/policy"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "agent:", err)
-		os.Exit(1)
-	}
+	cli.Main("agent", func(ctx context.Context) error { return run(ctx, os.Args[1:], os.Getenv, os.Stderr) })
 }
 
 // config is the agent's configuration: flags, each with an environment variable as its default.
@@ -67,8 +61,7 @@ type config struct {
 	region          string
 	metricsListen   string
 	shutdownTimeout time.Duration
-	logLevel        string
-	logFormat       string
+	log             cli.Logging
 
 	idempotencyWindow time.Duration
 	idempotencyKeys   int
@@ -89,111 +82,57 @@ taking checks and returns its leases.
 Flags:
 `
 
-// errHelp: --help was asked for; the usage was printed and run succeeds.
-var errHelp = errors.New("help")
-
 func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
 	var c config
-	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var envErr error
-	str := func(p *string, name, env, def, usage string) {
-		if v := getenv(env); v != "" {
-			def = v
-		}
-		fs.StringVar(p, name, def, usage+" ["+env+"]")
-	}
-	dur := func(p *time.Duration, name, env string, def time.Duration, usage string) {
-		if v := getenv(env); v != "" {
-			d, err := time.ParseDuration(v)
-			if err != nil {
-				envErr = errors.Join(envErr, fmt.Errorf("%s=%q: %w", env, v, err))
-			} else {
-				def = d
-			}
-		}
-		fs.DurationVar(p, name, def, usage+" ["+env+"]")
-	}
-	float := func(p *float64, name, env string, def float64, usage string) {
-		if v := getenv(env); v != "" {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				envErr = errors.Join(envErr, fmt.Errorf("%s=%q: %w", env, v, err))
-			} else {
-				def = f
-			}
-		}
-		fs.Float64Var(p, name, def, usage+" ["+env+"]")
-	}
-	num := func(p *int, name, env string, def int, usage string) {
-		if v := getenv(env); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				envErr = errors.Join(envErr, fmt.Errorf("%s=%q: %w", env, v, err))
-			} else {
-				def = n
-			}
-		}
-		fs.IntVar(p, name, def, usage+" ["+env+"]")
-	}
-	str(&c.socket, "socket", "LEASEBUCKET_AGENT_SOCKET", agent.DefaultSocket,
+	f := cli.NewFlags("agent", usageHeader, getenv, stderr)
+	f.EnvString(&c.socket, "socket", "LEASEBUCKET_AGENT_SOCKET", agent.DefaultSocket,
 		"Unix socket to serve checks on (mode 0660; a stale socket is removed, a live one is never taken)")
-	str(&c.socketGroup, "socket-group", "LEASEBUCKET_AGENT_SOCKET_GROUP", "",
+	f.EnvString(&c.socketGroup, "socket-group", "LEASEBUCKET_AGENT_SOCKET_GROUP", "",
 		"group (name or id) given the socket, so gateways in that group may connect; default: the agent's group")
-	str(&c.listen, "listen", "LEASEBUCKET_AGENT_LISTEN", "",
+	f.EnvString(&c.listen, "listen", "LEASEBUCKET_AGENT_LISTEN", "",
 		"also serve checks on this TCP address, plaintext and unauthenticated (for gateways that cannot reach the socket); default: off")
-	str(&c.coordinators, "coordinators", "LEASEBUCKET_COORDINATORS", "",
+	f.EnvString(&c.coordinators, "coordinators", "LEASEBUCKET_COORDINATORS", "",
 		"coordinators: a comma-separated list of host:port, or one host:port or dns:///name:port resolved to all its addresses (required)")
-	str(&c.policyFile, "policy", "LEASEBUCKET_POLICY", "",
+	f.EnvString(&c.policyFile, "policy", "LEASEBUCKET_POLICY", "",
 		"policy file, the same file the coordinators read; reloaded when it changes (required)")
-	dur(&c.policyInterval, "policy-interval", "LEASEBUCKET_POLICY_INTERVAL", policy.DefaultPollInterval,
+	f.EnvDuration(&c.policyInterval, "policy-interval", "LEASEBUCKET_POLICY_INTERVAL", policy.DefaultPollInterval,
 		"how often the policy file is checked for changes")
-	str(&c.tlsCA, "tls-ca", "LEASEBUCKET_AGENT_TLS_CA", "",
+	f.EnvString(&c.tlsCA, "tls-ca", "LEASEBUCKET_AGENT_TLS_CA", "",
 		"CA file to verify coordinators with; any tls-* flag turns TLS on (default: plaintext)")
-	str(&c.tlsCert, "tls-cert", "LEASEBUCKET_AGENT_TLS_CERT", "", "client certificate for mutual TLS with the coordinators")
-	str(&c.tlsKey, "tls-key", "LEASEBUCKET_AGENT_TLS_KEY", "", "client key for mutual TLS with the coordinators")
-	str(&c.tlsServerName, "tls-server-name", "LEASEBUCKET_AGENT_TLS_SERVER_NAME", "",
+	f.EnvString(&c.tlsCert, "tls-cert", "LEASEBUCKET_AGENT_TLS_CERT", "", "client certificate for mutual TLS with the coordinators")
+	f.EnvString(&c.tlsKey, "tls-key", "LEASEBUCKET_AGENT_TLS_KEY", "", "client key for mutual TLS with the coordinators")
+	f.EnvString(&c.tlsServerName, "tls-server-name", "LEASEBUCKET_AGENT_TLS_SERVER_NAME", "",
 		"name to verify in the coordinators' certificates (default: the host of the address)")
-	dur(&c.maxWait, "max-wait", "LEASEBUCKET_AGENT_MAX_WAIT", agent.DefaultMaxWait,
+	f.EnvDuration(&c.maxWait, "max-wait", "LEASEBUCKET_AGENT_MAX_WAIT", agent.DefaultMaxWait,
 		"longest a check waits for a refill before the route's failure mode answers (never past the caller's deadline)")
-	dur(&c.callTimeout, "call-timeout", "LEASEBUCKET_AGENT_CALL_TIMEOUT", agent.DefaultCallTimeout,
+	f.EnvDuration(&c.callTimeout, "call-timeout", "LEASEBUCKET_AGENT_CALL_TIMEOUT", agent.DefaultCallTimeout,
 		"timeout of one Acquire or Return call to a coordinator (a timed-out call is retried once)")
-	num(&c.maxKeys, "max-keys", "LEASEBUCKET_AGENT_MAX_KEYS", agent.DefaultMaxKeys,
+	f.EnvInt(&c.maxKeys, "max-keys", "LEASEBUCKET_AGENT_MAX_KEYS", agent.DefaultMaxKeys,
 		"most keys in the lease table; the least recently used are evicted and their leases returned")
-	str(&c.region, "region", "LEASEBUCKET_REGION", "", "this node's region, for rules with regional scope")
-	str(&c.metricsListen, "metrics-listen", "LEASEBUCKET_AGENT_METRICS_LISTEN", ":7072",
+	f.EnvString(&c.region, "region", "LEASEBUCKET_REGION", "", "this node's region, for rules with regional scope")
+	f.EnvString(&c.metricsListen, "metrics-listen", "LEASEBUCKET_AGENT_METRICS_LISTEN", ":7072",
 		"HTTP address serving Prometheus /metrics; empty: off")
-	dur(&c.shutdownTimeout, "shutdown-timeout", "LEASEBUCKET_AGENT_SHUTDOWN_TIMEOUT", 5*time.Second,
+	f.EnvDuration(&c.shutdownTimeout, "shutdown-timeout", "LEASEBUCKET_AGENT_SHUTDOWN_TIMEOUT", 5*time.Second,
 		"bound on a graceful shutdown: checks in flight finish, then leases are returned")
-	dur(&c.idempotencyWindow, "idempotency-window", "LEASEBUCKET_AGENT_IDEMPOTENCY_WINDOW", agent.DefaultIdempotencyWindow,
+	f.EnvDuration(&c.idempotencyWindow, "idempotency-window", "LEASEBUCKET_AGENT_IDEMPOTENCY_WINDOW", agent.DefaultIdempotencyWindow,
 		"how long a repeat of a check's idempotency key on the same bucket gets the first allow without a charge; 0: off (every repeat is charged)")
-	num(&c.idempotencyKeys, "idempotency-keys", "LEASEBUCKET_AGENT_IDEMPOTENCY_KEYS", agent.DefaultIdempotencyKeys,
+	f.EnvInt(&c.idempotencyKeys, "idempotency-keys", "LEASEBUCKET_AGENT_IDEMPOTENCY_KEYS", agent.DefaultIdempotencyKeys,
 		"most idempotency keys remembered; the oldest are forgotten first")
-	str(&c.auditLog, "audit-log", "LEASEBUCKET_AGENT_AUDIT_LOG", "stdout",
+	f.EnvString(&c.auditLog, "audit-log", "LEASEBUCKET_AGENT_AUDIT_LOG", "stdout",
 		`audit events (JSON lines): "stdout", a file (appended to), or "off"`)
-	float(&c.auditSampleAllow, "audit-sample-allow", "LEASEBUCKET_AGENT_AUDIT_SAMPLE_ALLOW", audit.DefaultSampleAllow,
+	f.EnvFloat64(&c.auditSampleAllow, "audit-sample-allow", "LEASEBUCKET_AGENT_AUDIT_SAMPLE_ALLOW", audit.DefaultSampleAllow,
 		"fraction of allows audited (0..1); denies, unavailable, degraded and shadow-would-deny answers are always audited")
-	num(&c.auditQueue, "audit-queue", "LEASEBUCKET_AGENT_AUDIT_QUEUE", audit.DefaultCapacity,
+	f.EnvInt(&c.auditQueue, "audit-queue", "LEASEBUCKET_AGENT_AUDIT_QUEUE", audit.DefaultCapacity,
 		"audit events queued at most; beyond, events are dropped (sampled allows first) and counted")
-	str(&c.debugListen, "debug-listen", "LEASEBUCKET_AGENT_DEBUG_LISTEN", "",
+	f.EnvString(&c.debugListen, "debug-listen", "LEASEBUCKET_AGENT_DEBUG_LISTEN", "",
 		"loopback address (127.0.0.1:7073) of the read-only debug endpoint: live leases and explain; default: off")
-	str(&c.logLevel, "log-level", "LEASEBUCKET_LOG_LEVEL", "info", "debug, info, warn or error")
-	str(&c.logFormat, "log-format", "LEASEBUCKET_LOG_FORMAT", "json", "json or console")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), usageHeader)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return c, errHelp
-		}
+	f.LogFlags(&c.log)
+	if err := f.Parse(args); err != nil {
 		return c, err
 	}
 	switch {
-	case envErr != nil:
-		return c, envErr
-	case fs.NArg() > 0:
-		return c, fmt.Errorf("unexpected arguments %q (see --help)", fs.Args())
+	case f.NArg() > 0:
+		return c, fmt.Errorf("unexpected arguments %q (see --help)", f.Args())
 	case c.coordinators == "":
 		return c, errors.New("--coordinators is required (see --help)")
 	case c.policyFile == "":
@@ -215,13 +154,13 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (co
 
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
 	cfg, err := parseFlags(args, getenv, stderr)
-	if errors.Is(err, errHelp) {
+	if errors.Is(err, flag.ErrHelp) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(cfg, stderr)
+	log, err := cfg.log.NewLogger(stderr)
 	if err != nil {
 		return err
 	}
@@ -477,26 +416,6 @@ func stopRefresher(log *zap.Logger, ref *agent.Refresher, d time.Duration) {
 		return
 	}
 	log.Info("leases returned")
-}
-
-func newLogger(cfg config, stderr io.Writer) (*zap.Logger, error) {
-	level, err := zapcore.ParseLevel(cfg.logLevel)
-	if err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	enc := zap.NewProductionEncoderConfig()
-	enc.EncodeTime = zapcore.ISO8601TimeEncoder
-	var encoder zapcore.Encoder
-	switch cfg.logFormat {
-	case "json":
-		encoder = zapcore.NewJSONEncoder(enc)
-	case "console":
-		enc.EncodeLevel = zapcore.CapitalLevelEncoder
-		encoder = zapcore.NewConsoleEncoder(enc)
-	default:
-		return nil, fmt.Errorf("--log-format %q: want json or console", cfg.logFormat)
-	}
-	return zap.New(zapcore.NewCore(encoder, zapcore.AddSync(stderr), level)), nil
 }
 
 // agentID names this process to the coordinators: unique per process (a restarted agent must not

@@ -15,29 +15,21 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"os/signal"
-	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/leasebucket/leasebucket/client"
 	"github.com/leasebucket/leasebucket/httplimit"
+	"github.com/leasebucket/leasebucket/internal/cli"
 	"github.com/leasebucket/leasebucket/policy"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "gateway:", err)
-		os.Exit(1)
-	}
+	cli.Main("gateway", func(ctx context.Context) error { return run(ctx, os.Args[1:], os.Getenv, os.Stderr) })
 }
 
 type config struct {
@@ -55,8 +47,7 @@ type config struct {
 	unary             bool
 	metricsListen     string
 	shutdownTimeout   time.Duration
-	logLevel          string
-	logFormat         string
+	log               cli.Logging
 }
 
 const usageHeader = `Usage: gateway [flags]
@@ -71,80 +62,38 @@ command line wins. SIGINT or SIGTERM shuts it down gracefully.
 Flags:
 `
 
-var errHelp = errors.New("help")
-
 func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
 	var c config
-	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var envErr error
-	str := func(p *string, name, env, def, usage string) {
-		if v := getenv(env); v != "" {
-			def = v
-		}
-		fs.StringVar(p, name, def, usage+" ["+env+"]")
-	}
-	dur := func(p *time.Duration, name, env string, def time.Duration, usage string) {
-		if v := getenv(env); v != "" {
-			d, err := time.ParseDuration(v)
-			if err != nil {
-				envErr = errors.Join(envErr, fmt.Errorf("%s=%q: %w", env, v, err))
-			} else {
-				def = d
-			}
-		}
-		fs.DurationVar(p, name, def, usage+" ["+env+"]")
-	}
-	boolean := func(p *bool, name, env string, usage string) {
-		def := false
-		if v := getenv(env); v != "" {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				envErr = errors.Join(envErr, fmt.Errorf("%s=%q: %w", env, v, err))
-			}
-			def = b
-		}
-		fs.BoolVar(p, name, def, usage+" ["+env+"]")
-	}
-	str(&c.listen, "listen", "LEASEBUCKET_GATEWAY_LISTEN", "127.0.0.1:8080", "HTTP address to serve on")
-	str(&c.upstream, "upstream", "LEASEBUCKET_GATEWAY_UPSTREAM", "", "upstream base URL, such as http://127.0.0.1:8081 (required)")
-	str(&c.socket, "agent-socket", "LEASEBUCKET_AGENT_SOCKET", client.DefaultSocket, "the agent's Unix socket")
-	str(&c.policyFile, "policy", "LEASEBUCKET_POLICY", "", "policy file, the one the agent reads; reloaded when it changes (required)")
-	dur(&c.policyInterval, "policy-interval", "LEASEBUCKET_POLICY_INTERVAL", policy.DefaultPollInterval,
+	f := cli.NewFlags("gateway", usageHeader, getenv, stderr)
+	f.EnvString(&c.listen, "listen", "LEASEBUCKET_GATEWAY_LISTEN", "127.0.0.1:8080", "HTTP address to serve on")
+	f.EnvString(&c.upstream, "upstream", "LEASEBUCKET_GATEWAY_UPSTREAM", "", "upstream base URL, such as http://127.0.0.1:8081 (required)")
+	f.EnvString(&c.socket, "agent-socket", "LEASEBUCKET_AGENT_SOCKET", client.DefaultSocket, "the agent's Unix socket")
+	f.EnvString(&c.policyFile, "policy", "LEASEBUCKET_POLICY", "", "policy file, the one the agent reads; reloaded when it changes (required)")
+	f.EnvDuration(&c.policyInterval, "policy-interval", "LEASEBUCKET_POLICY_INTERVAL", policy.DefaultPollInterval,
 		"how often the policy file is checked for changes")
-	str(&c.tokensFile, "tokens", "LEASEBUCKET_GATEWAY_TOKENS", "",
+	f.EnvString(&c.tokensFile, "tokens", "LEASEBUCKET_GATEWAY_TOKENS", "",
 		`bearer tokens: a file of "TOKEN TENANT" lines (required)`)
-	str(&c.anonymous, "anonymous-tenant", "LEASEBUCKET_GATEWAY_ANONYMOUS_TENANT", "",
+	f.EnvString(&c.anonymous, "anonymous-tenant", "LEASEBUCKET_GATEWAY_ANONYMOUS_TENANT", "",
 		"limit requests without an Authorization header as this tenant (default: answer them 401)")
-	str(&c.region, "region", "LEASEBUCKET_REGION", "", "this node's region, as the agent's --region")
-	dur(&c.checkTimeout, "check-timeout", "LEASEBUCKET_GATEWAY_CHECK_TIMEOUT", httplimit.DefaultTimeout,
+	f.EnvString(&c.region, "region", "LEASEBUCKET_REGION", "", "this node's region, as the agent's --region")
+	f.EnvDuration(&c.checkTimeout, "check-timeout", "LEASEBUCKET_GATEWAY_CHECK_TIMEOUT", httplimit.DefaultTimeout,
 		"longest wait for the agent's decision; past it the route's failure mode applies")
-	str(&c.idempotencyHeader, "idempotency-header", "LEASEBUCKET_GATEWAY_IDEMPOTENCY_HEADER", "",
+	f.EnvString(&c.idempotencyHeader, "idempotency-header", "LEASEBUCKET_GATEWAY_IDEMPOTENCY_HEADER", "",
 		"request header passed to the agent as the idempotency key, such as Idempotency-Key (default: off; see docs/gateway.md)")
-	str(&c.degradedHeader, "degraded-header", "LEASEBUCKET_GATEWAY_DEGRADED_HEADER", httplimit.DefaultDegradedHeader,
+	f.EnvString(&c.degradedHeader, "degraded-header", "LEASEBUCKET_GATEWAY_DEGRADED_HEADER", httplimit.DefaultDegradedHeader,
 		"response header marking responses decided by an emergency bucket")
-	boolean(&c.unary, "unary", "LEASEBUCKET_GATEWAY_UNARY", "check with unary calls only, never the agent's CheckStream")
-	str(&c.metricsListen, "metrics-listen", "LEASEBUCKET_GATEWAY_METRICS_LISTEN", "",
+	f.EnvBool(&c.unary, "unary", "LEASEBUCKET_GATEWAY_UNARY", false, "check with unary calls only, never the agent's CheckStream")
+	f.EnvString(&c.metricsListen, "metrics-listen", "LEASEBUCKET_GATEWAY_METRICS_LISTEN", "",
 		"HTTP address serving Prometheus /metrics (default: off)")
-	dur(&c.shutdownTimeout, "shutdown-timeout", "LEASEBUCKET_GATEWAY_SHUTDOWN_TIMEOUT", 10*time.Second,
+	f.EnvDuration(&c.shutdownTimeout, "shutdown-timeout", "LEASEBUCKET_GATEWAY_SHUTDOWN_TIMEOUT", 10*time.Second,
 		"bound on a graceful shutdown: requests in flight finish")
-	str(&c.logLevel, "log-level", "LEASEBUCKET_LOG_LEVEL", "info", "debug, info, warn or error")
-	str(&c.logFormat, "log-format", "LEASEBUCKET_LOG_FORMAT", "json", "json or console")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), usageHeader)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return c, errHelp
-		}
+	f.LogFlags(&c.log)
+	if err := f.Parse(args); err != nil {
 		return c, err
 	}
 	switch {
-	case envErr != nil:
-		return c, envErr
-	case fs.NArg() > 0:
-		return c, fmt.Errorf("unexpected arguments %q (see --help)", fs.Args())
+	case f.NArg() > 0:
+		return c, fmt.Errorf("unexpected arguments %q (see --help)", f.Args())
 	case c.upstream == "":
 		return c, errors.New("--upstream is required (see --help)")
 	case c.policyFile == "":
@@ -159,13 +108,13 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (co
 
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
 	cfg, err := parseFlags(args, getenv, stderr)
-	if errors.Is(err, errHelp) {
+	if errors.Is(err, flag.ErrHelp) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(cfg, stderr)
+	log, err := cfg.log.NewLogger(stderr)
 	if err != nil {
 		return err
 	}
@@ -282,24 +231,4 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		serveErr = nil
 	}
 	return serveErr
-}
-
-func newLogger(cfg config, stderr io.Writer) (*zap.Logger, error) {
-	level, err := zapcore.ParseLevel(cfg.logLevel)
-	if err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	enc := zap.NewProductionEncoderConfig()
-	enc.EncodeTime = zapcore.ISO8601TimeEncoder
-	var encoder zapcore.Encoder
-	switch cfg.logFormat {
-	case "json":
-		encoder = zapcore.NewJSONEncoder(enc)
-	case "console":
-		enc.EncodeLevel = zapcore.CapitalLevelEncoder
-		encoder = zapcore.NewConsoleEncoder(enc)
-	default:
-		return nil, fmt.Errorf("--log-format %q: want json or console", cfg.logFormat)
-	}
-	return zap.New(zapcore.NewCore(encoder, zapcore.AddSync(stderr), level)), nil
 }

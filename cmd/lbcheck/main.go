@@ -11,10 +11,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -22,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/leasebucket/leasebucket/agent"
+	"github.com/leasebucket/leasebucket/internal/cli"
 	"github.com/leasebucket/leasebucket/policy"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
@@ -38,30 +37,17 @@ Flags:
 `
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "lbcheck:", err)
-		os.Exit(1)
-	}
+	cli.Main("lbcheck", func(ctx context.Context) error { return run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr) })
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("lbcheck", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	socket := agent.DefaultSocket
-	if v := getenv("LEASEBUCKET_AGENT_SOCKET"); v != "" {
-		socket = v
-	}
-	fs.StringVar(&socket, "socket", socket, "the agent's Unix socket [LEASEBUCKET_AGENT_SOCKET]")
+	fs := cli.NewFlags("lbcheck", usageHeader, getenv, stderr)
+	var socket string
+	fs.EnvString(&socket, "socket", "LEASEBUCKET_AGENT_SOCKET", agent.DefaultSocket, "the agent's Unix socket")
 	addr := fs.String("addr", "", "the agent's TCP address instead of the socket")
 	n := fs.Int("n", 1, "number of checks")
 	every := fs.Duration("every", 0, "pause between checks")
 	timeout := fs.Duration("timeout", time.Second, "deadline of each check")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), usageHeader)
-		fs.PrintDefaults()
-	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil

@@ -15,19 +15,14 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"sync/atomic"
-	"syscall"
 	"time"
+
+	"github.com/leasebucket/leasebucket/internal/cli"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "upstream:", err)
-		os.Exit(1)
-	}
+	cli.Main("upstream", func(ctx context.Context) error { return run(ctx, os.Args[1:], os.Stderr) })
 }
 
 func run(ctx context.Context, args []string, stderr io.Writer) error {
