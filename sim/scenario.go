@@ -459,11 +459,7 @@ func (sc *Scenario) prepareTraffic() error {
 		if t.Rate < 0 {
 			return fmt.Errorf("%s: rate must not be negative", at)
 		}
-		switch t.Arrivals {
-		case "":
-			t.Arrivals = "poisson"
-		case "poisson", "constant":
-		default:
+		if !oneOf(&t.Arrivals, "poisson", "constant") {
 			return fmt.Errorf("%s: arrivals is poisson or constant", at)
 		}
 		nodes, err := sc.selectAgents(t.Agents, total)
@@ -494,6 +490,15 @@ func (sc *Scenario) prepareTraffic() error {
 		}
 	}
 	return nil
+}
+
+// oneOf sets an empty *v to the first of values, the default, and reports whether *v is one of
+// values.
+func oneOf(v *string, values ...string) bool {
+	if *v == "" {
+		*v = values[0]
+	}
+	return slices.Contains(values, *v)
 }
 
 // selectAgents resolves a traffic entry's agents: all, a region name or a list of numbers.
@@ -541,11 +546,7 @@ func (sc *Scenario) prepareFailures() error {
 	if c.RestartAfter == 0 {
 		c.RestartAfter = Duration(defaultRestart)
 	}
-	switch c.Traffic {
-	case "":
-		c.Traffic = "redirect"
-	case "redirect", "drop":
-	default:
+	if !oneOf(&c.Traffic, "redirect", "drop") {
 		return errors.New("crashes.traffic is redirect or drop")
 	}
 	total := sc.numAgents()
@@ -563,11 +564,7 @@ func (sc *Scenario) prepareFailures() error {
 		if o.To <= o.From {
 			return fmt.Errorf("%s: to must be after from", at)
 		}
-		switch o.Mode {
-		case "":
-			o.Mode = "refused"
-		case "refused", "blackhole":
-		default:
+		if !oneOf(&o.Mode, "refused", "blackhole") {
 			return fmt.Errorf("%s: mode is refused or blackhole", at)
 		}
 		switch o.Kind {

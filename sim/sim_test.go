@@ -90,6 +90,23 @@ partitions:
   - {region: us, from: 25s, to: 28s}
 `
 
+// oneRule is a scenario of one rule, api on /api/* (rule: its limit and burst), and one group of
+// identities, a (tenants: a count or a list), checking /api/x with GET; head is what comes before
+// the policy (duration, agents), traffic the rest of a's one traffic entry.
+func oneRule(head, rule, tenants, traffic string) string {
+	return "\n" + head + `
+policy: |
+  version: "1"
+  rules:
+    - {name: api, routes: ["/api/*"], operations: [read], ` + rule + `}
+  default: {limit: 60/minute, burst: 10}
+identities:
+  - {name: a, tenants: ` + tenants + `, path: /api/x, operation: GET}
+traffic:
+  - {identities: a, ` + traffic + `}
+`
+}
+
 func report(t *testing.T, res *Result, sc *Scenario) []byte {
 	t.Helper()
 	var b bytes.Buffer
@@ -161,19 +178,7 @@ func TestMixedHoldsTheBounds(t *testing.T) {
 // limit of 20 a second: all 600 are admitted, as the ideal limiter does; the first check waits
 // for the first lease, one round trip: 2 × (500 µs + 250 µs) = 1.5 ms.
 func TestUnderQuota(t *testing.T) {
-	res := run(t, parse(t, `
-duration: 60s
-agents: 1
-policy: |
-  version: "1"
-  rules:
-    - {name: api, routes: ["/api/*"], operations: [read], limit: 1200/minute, burst: 100}
-  default: {limit: 60/minute, burst: 10}
-identities:
-  - {name: a, tenants: [acme], path: /api/x, operation: GET}
-traffic:
-  - {identities: a, rate: 10/s, arrivals: constant}
-`))
+	res := run(t, parse(t, oneRule("duration: 60s\nagents: 1", "limit: 1200/minute, burst: 100", "[acme]", "rate: 10/s, arrivals: constant")))
 	tt := &res.Totals
 	if tt.Requests != 600 || tt.IdealTokens != 600 || tt.AllowedTokens != 600 || tt.Denied != 0 || tt.Unavailable != 0 {
 		t.Fatalf("requests %d, ideal %d, admitted %d, 429 %d, 503 %d; want 600, 600, 600, 0, 0",
@@ -193,19 +198,7 @@ traffic:
 // deny while another holds the last token: that is what a false deny is.)
 func TestExhaustedBucket(t *testing.T) {
 	for _, agents := range []int{1, 3} {
-		sc := parse(t, `
-duration: 10s
-agents: 1
-policy: |
-  version: "1"
-  rules:
-    - {name: api, routes: ["/api/*"], operations: [read], limit: 1/hour, burst: 2}
-  default: {limit: 60/minute, burst: 10}
-identities:
-  - {name: a, tenants: [acme], path: /api/x, operation: GET}
-traffic:
-  - {identities: a, rate: 10/s, arrivals: constant}
-`)
+		sc := parse(t, oneRule("duration: 10s\nagents: 1", "limit: 1/hour, burst: 2", "[acme]", "rate: 10/s, arrivals: constant"))
 		sc, err := sc.With("agents", float64(agents))
 		if err != nil {
 			t.Fatal(err)
@@ -226,19 +219,7 @@ traffic:
 // the last arrival, at 29.9 s plus a phase under 0.1 s, has seen less than 30 tokens refilled, so
 // 10 + 29 = 39. The agents may admit more, but within C + r·(w + τ) = 10 + 30 + 2.5 (τ = C/(4r)).
 func TestSteadyOverload(t *testing.T) {
-	res := run(t, parse(t, `
-duration: 30s
-agents: 2
-policy: |
-  version: "1"
-  rules:
-    - {name: api, routes: ["/api/*"], operations: [read], limit: 60/minute, burst: 10}
-  default: {limit: 60/minute, burst: 10}
-identities:
-  - {name: a, tenants: [acme], path: /api/x, operation: GET}
-traffic:
-  - {identities: a, rate: 10/s, arrivals: constant, agents: [0]}
-`))
+	res := run(t, parse(t, oneRule("duration: 30s\nagents: 2", "limit: 60/minute, burst: 10", "[acme]", "rate: 10/s, arrivals: constant, agents: [0]")))
 	tt := &res.Totals
 	if tt.IdealTokens != 39 {
 		t.Errorf("ideal admitted %d, want 39", tt.IdealTokens)
@@ -252,20 +233,7 @@ traffic:
 }
 
 // crashes is a fleet in steady demand whose agents crash on a schedule.
-const crashes = `
-seed: 3
-duration: 60s
-agents: 6
-policy: |
-  version: "1"
-  rules:
-    - {name: api, routes: ["/api/*"], operations: [read], limit: 6000/minute, burst: 1000}
-  default: {limit: 60/minute, burst: 10}
-identities:
-  - {name: a, tenants: 8, path: /api/x, operation: GET}
-traffic:
-  - {identities: a, rate: 700/s}
-crashes:
+var crashes = oneRule("seed: 3\nduration: 60s\nagents: 6", "limit: 6000/minute, burst: 1000", "8", "rate: 700/s") + `crashes:
   restart_after: 5s
   schedule:
     - {agent: 0, at: 10s}
@@ -415,19 +383,7 @@ func TestWith(t *testing.T) {
 }
 
 func TestParseErrors(t *testing.T) {
-	base := `
-duration: 10s
-agents: 2
-policy: |
-  version: "1"
-  rules:
-    - {name: api, routes: ["/api/*"], operations: [read], limit: 60/minute, burst: 10}
-  default: {limit: 60/minute, burst: 10}
-identities:
-  - {name: a, tenants: 3, path: /api/x, operation: GET}
-traffic:
-  - {identities: a, rate: 10/s}
-`
+	base := oneRule("duration: 10s\nagents: 2", "limit: 60/minute, burst: 10", "3", "rate: 10/s")
 	for _, tc := range []struct{ extra, want string }{
 		{"tick: 2ms\n", "tick"},
 		{"crashes: {traffic: somewhere}\n", "crashes.traffic"},

@@ -57,37 +57,50 @@ func (s *storeShell) route(name string) (*key, error) {
 	return k, nil
 }
 
+// reach resolves a request's key and the store holding it; an error fails that request alone.
+func (s *storeShell) reach(name string) (*key, *store, error) {
+	k, err := s.route(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !s.reachable(k.store) {
+		return nil, nil, errUnreachable
+	}
+	return k, s.w.stores[k.store], nil
+}
+
+// answered counts an operation st answered on k. An answer that changed the bucket (changed: no
+// error, not replayed, not stale) sets k's level; answered reports whether it also moved tokens.
+func (s *storeShell) answered(st *store, k *key, r bucket.Result, now bucket.Millis, changed bool) bool {
+	w := s.w
+	st.ops++
+	k.ops++
+	w.res.Backend.StoreOps++
+	w.second(w.now).StoreOps++
+	if changed {
+		k.level = bucket.State{Tokens: r.Remaining, Last: now}
+	}
+	return changed && r.Granted > 0
+}
+
 // Take implements coordinator.Store.
 func (s *storeShell) Take(ctx context.Context, reqs []coordinator.TakeRequest) ([]coordinator.TakeResult, error) {
-	w := s.w
 	out := make([]coordinator.TakeResult, len(reqs))
 	served := 0
 	for i := range reqs {
-		k, err := s.route(reqs[i].Key)
+		k, st, err := s.reach(reqs[i].Key)
 		if err != nil {
 			out[i].Err = err
 			continue
 		}
-		if !s.reachable(k.store) {
-			out[i].Err = errUnreachable
-			continue
-		}
 		served++
-		st := w.stores[k.store]
 		res, err := st.mem.Take(ctx, reqs[i:i+1])
 		if err != nil {
 			return nil, err
 		}
-		st.ops++
-		k.ops++
-		w.res.Backend.StoreOps++
-		w.second(w.now).StoreOps++
 		r := res[0]
-		if r.Err == nil && !r.Replayed && !r.Stale {
-			k.level = bucket.State{Tokens: r.Remaining, Last: r.Now}
-		}
-		if r.Err == nil && r.Granted > 0 && !r.Replayed && !r.Stale {
-			if f := w.overgrant; f > 1 {
+		if s.answered(st, k, r.Result, r.Now, r.Err == nil && !r.Replayed && !r.Stale) {
+			if f := s.w.overgrant; f > 1 {
 				r.Granted = bucket.Micro(float64(r.Granted) * f)
 			}
 			k.grants++
@@ -104,34 +117,21 @@ func (s *storeShell) Take(ctx context.Context, reqs []coordinator.TakeRequest) (
 
 // Return implements coordinator.Store.
 func (s *storeShell) Return(ctx context.Context, reqs []coordinator.ReturnRequest) ([]coordinator.ReturnResult, error) {
-	w := s.w
 	out := make([]coordinator.ReturnResult, len(reqs))
 	served := 0
 	for i := range reqs {
-		k, err := s.route(reqs[i].Key)
+		k, st, err := s.reach(reqs[i].Key)
 		if err != nil {
 			out[i].Err = err
 			continue
 		}
-		if !s.reachable(k.store) {
-			out[i].Err = errUnreachable
-			continue
-		}
 		served++
-		st := w.stores[k.store]
 		res, err := st.mem.Return(ctx, reqs[i:i+1])
 		if err != nil {
 			return nil, err
 		}
-		st.ops++
-		k.ops++
-		w.res.Backend.StoreOps++
-		w.second(w.now).StoreOps++
 		r := res[0]
-		if r.Err == nil && !r.Replayed && !r.Stale {
-			k.level = bucket.State{Tokens: r.Remaining, Last: r.Now}
-		}
-		if r.Err == nil && r.Granted > 0 && !r.Replayed && !r.Stale {
+		if s.answered(st, k, r.Result, r.Now, r.Err == nil && !r.Replayed && !r.Stale) {
 			s.budget(k, -float64(r.Granted))
 		}
 		out[i] = r
