@@ -474,45 +474,10 @@ func (p *parser) operationsTable(s *Set, f fieldSet) {
 	for m, c := range defaultMethods {
 		s.methods[m] = c
 	}
-	if n := f.get("methods"); n != nil {
-		for _, e := range p.entries(n, "methods", "HTTP methods to classes") {
-			path := index("methods", e.key)
-			if !reMethod.MatchString(e.key) {
-				p.errf(e.line, path, "HTTP method %q must match %s", e.key, reMethod)
-				continue
-			}
-			c, ok := p.str(e.val, path)
-			if !ok {
-				continue
-			}
-			if !reClass.MatchString(c) {
-				p.errf(e.val.Line, path, "class %q must match %s", c, reClass)
-				continue
-			}
-			s.methods[e.key] = c
-		}
-	}
+	p.classTable(f, "methods", "HTTP methods to classes", "HTTP method", reMethod, s.methods, nil)
 	s.named = map[string]string{}
 	namedLine := map[string]int{}
-	if n := f.get("operations"); n != nil {
-		for _, e := range p.entries(n, "operations", "named operations to classes") {
-			path := index("operations", e.key)
-			if !reNamedOp.MatchString(e.key) {
-				p.errf(e.line, path, "named operation %q must match %s", e.key, reNamedOp)
-				continue
-			}
-			c, ok := p.str(e.val, path)
-			if !ok {
-				continue
-			}
-			if !reClass.MatchString(c) {
-				p.errf(e.val.Line, path, "class %q must match %s", c, reClass)
-				continue
-			}
-			s.named[e.key] = c
-			namedLine[e.key] = e.line
-		}
-	}
+	p.classTable(f, "operations", "named operations to classes", "named operation", reNamedOp, s.named, namedLine)
 	classSet := map[string]bool{"read": true, "write": true}
 	for _, c := range s.methods {
 		classSet[c] = true
@@ -563,6 +528,34 @@ func (p *parser) operationsTable(s *Set, f fieldSet) {
 					s.opList = append(s.opList, opEntry{name, s.ops[name]})
 				}
 			}
+		}
+	}
+}
+
+// classTable reads field, a mapping of names (noun, matching re) to class names, into m; lines,
+// if not nil, gets the line of each entry read.
+func (p *parser) classTable(f fieldSet, field, what, noun string, re *regexp.Regexp, m map[string]string, lines map[string]int) {
+	n := f.get(field)
+	if n == nil {
+		return
+	}
+	for _, e := range p.entries(n, field, what) {
+		path := index(field, e.key)
+		if !re.MatchString(e.key) {
+			p.errf(e.line, path, "%s %q must match %s", noun, e.key, re)
+			continue
+		}
+		c, ok := p.str(e.val, path)
+		if !ok {
+			continue
+		}
+		if !reClass.MatchString(c) {
+			p.errf(e.val.Line, path, "class %q must match %s", c, reClass)
+			continue
+		}
+		m[e.key] = c
+		if lines != nil {
+			lines[e.key] = e.line
 		}
 	}
 }
@@ -872,14 +865,24 @@ func makeLimits(q Quota, scope Scope, regions []RegionQuota, em *Quota, override
 	return tl
 }
 
+// list reads field of the rule at path: a list, required (what it holds, for the error when it is
+// missing) and not empty (one names an item). ok is false when it is missing or not a list.
+func (p *parser) list(f fieldSet, path, field, what, one string) (items []*yaml.Node, ok bool) {
+	fp := join(path, field)
+	v := f.get(field)
+	if v == nil {
+		p.errf(f.line, fp, "required: %s", what)
+		return nil, false
+	}
+	if items, ok = p.seq(v, fp); ok && len(items) == 0 {
+		p.errf(v.Line, fp, "must list at least one %s", one)
+	}
+	return items, ok
+}
+
 func (p *parser) ruleRoutes(s *Set, f fieldSet, src *ruleSrc) {
 	r, path := src.rule, src.path
-	if v := f.get("routes"); v == nil {
-		p.errf(f.line, join(path, "routes"), "required: the route templates the rule applies to")
-	} else if items, ok := p.seq(v, join(path, "routes")); ok {
-		if len(items) == 0 {
-			p.errf(v.Line, join(path, "routes"), "must list at least one template")
-		}
+	if items, ok := p.list(f, path, "routes", "the route templates the rule applies to", "template"); ok {
 		shapes := map[string]int{}
 		for i, it := range items {
 			fp := fmt.Sprintf("%s.routes[%d]", path, i)
@@ -902,12 +905,7 @@ func (p *parser) ruleRoutes(s *Set, f fieldSet, src *ruleSrc) {
 			src.tmplLines = append(src.tmplLines, it.Line)
 		}
 	}
-	if v := f.get("operations"); v == nil {
-		p.errf(f.line, join(path, "operations"), "required: classes (read, write), named operations or HTTP methods")
-	} else if items, ok := p.seq(v, join(path, "operations")); ok {
-		if len(items) == 0 {
-			p.errf(v.Line, join(path, "operations"), "must list at least one operation")
-		}
+	if items, ok := p.list(f, path, "operations", "classes (read, write), named operations or HTTP methods", "operation"); ok {
 		seen := map[string]bool{}
 		for i, it := range items {
 			fp := fmt.Sprintf("%s.operations[%d]", path, i)
