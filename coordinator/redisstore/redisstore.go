@@ -90,10 +90,24 @@ type call struct {
 	cmd  *redis.Cmd
 }
 
+// newCall is the script invocation for request item on key: op and the limit, op's three operands
+// (take: want, least, share; return: amount, granted_at, 0), the operation id, the clock and the
+// bounds of the idempotency records, in the order of bucket.lua's ARGV.
+func newCall(item int, key, op string, l bucket.Limit, a, b, c int64, id coordinator.OpID, now any) call {
+	num, den := l.Rate()
+	return call{item: item, key: key, args: []any{
+		op, int64(l.Capacity()), num, den, int64(l.FillTime()),
+		a, b, c,
+		id.Agent, id.Seq, now,
+		int64(coordinator.RecordKeep), coordinator.MaxRecords, int64(coordinator.ExpiryMargin),
+	}}
+}
+
 // reply is the script's answer.
 type reply struct {
-	granted, remaining, retry, now int64
-	flags                          int64
+	bucket.Result
+	now             bucket.Millis
+	replayed, stale bool
 }
 
 // Take implements coordinator.Store.
@@ -114,33 +128,18 @@ func (s *Store) Take(ctx context.Context, reqs []coordinator.TakeRequest) ([]coo
 		if share == 0 {
 			share = bucket.WholeShare
 		}
-		num, den := r.Limit.Rate()
-		calls = append(calls, call{item: i, key: r.Key, args: []any{
-			"take", int64(r.Limit.Capacity()), num, den, int64(r.Limit.FillTime()),
-			int64(r.Want), int64(r.Min), share,
-			r.Op.Agent, r.Op.Seq, now,
-			int64(coordinator.RecordKeep), coordinator.MaxRecords, int64(coordinator.ExpiryMargin),
-		}})
+		calls = append(calls, newCall(i, r.Key, "take", r.Limit, int64(r.Want), int64(r.Min), share, r.Op, now))
 	}
 	if err := s.exec(ctx, calls); err != nil {
 		return nil, fmt.Errorf("redisstore: take: %w", err)
 	}
 	for _, c := range calls {
-		rep, err := decode(c.cmd)
+		rep, err := c.answer("take")
 		if err != nil {
-			res[c.item].Err = fmt.Errorf("redisstore: take %q: %w", c.key, err)
+			res[c.item].Err = err
 			continue
 		}
-		res[c.item] = coordinator.TakeResult{
-			Result: bucket.Result{
-				Granted:    bucket.Micro(rep.granted),
-				Remaining:  bucket.Micro(rep.remaining),
-				RetryAfter: bucket.Millis(rep.retry),
-			},
-			Now:      bucket.Millis(rep.now),
-			Replayed: rep.flags&flagReplayed != 0,
-			Stale:    rep.flags&flagStale != 0,
-		}
+		res[c.item] = coordinator.TakeResult{Result: rep.Result, Now: rep.now, Replayed: rep.replayed, Stale: rep.stale}
 	}
 	return res, nil
 }
@@ -159,28 +158,22 @@ func (s *Store) Return(ctx context.Context, reqs []coordinator.ReturnRequest) ([
 			res[i].Err = fmt.Errorf("redisstore: return: %w", err)
 			continue
 		}
-		num, den := r.Limit.Rate()
-		calls = append(calls, call{item: i, key: r.Key, args: []any{
-			"return", int64(r.Limit.Capacity()), num, den, int64(r.Limit.FillTime()),
-			int64(r.Amount), int64(r.GrantedAt), 0,
-			r.Op.Agent, r.Op.Seq, now,
-			int64(coordinator.RecordKeep), coordinator.MaxRecords, int64(coordinator.ExpiryMargin),
-		}})
+		calls = append(calls, newCall(i, r.Key, "return", r.Limit, int64(r.Amount), int64(r.GrantedAt), 0, r.Op, now))
 	}
 	if err := s.exec(ctx, calls); err != nil {
 		return nil, fmt.Errorf("redisstore: return: %w", err)
 	}
 	for _, c := range calls {
-		rep, err := decode(c.cmd)
+		rep, err := c.answer("return")
 		if err != nil {
-			res[c.item].Err = fmt.Errorf("redisstore: return %q: %w", c.key, err)
+			res[c.item].Err = err
 			continue
 		}
 		res[c.item] = coordinator.ReturnResult{
-			Result:   bucket.Result{Granted: bucket.Micro(rep.granted), Remaining: bucket.Micro(rep.remaining)},
-			Now:      bucket.Millis(rep.now),
-			Replayed: rep.flags&flagReplayed != 0,
-			Stale:    rep.flags&flagStale != 0,
+			Result:   bucket.Result{Granted: rep.Granted, Remaining: rep.Remaining},
+			Now:      rep.now,
+			Replayed: rep.replayed,
+			Stale:    rep.stale,
 		}
 	}
 	return res, nil
@@ -294,6 +287,15 @@ func batchErr(ctx context.Context, calls []call) error {
 	return first
 }
 
+// answer decodes the script's reply to c; the error names op and the key.
+func (c *call) answer(op string) (reply, error) {
+	rep, err := decode(c.cmd)
+	if err != nil {
+		return reply{}, fmt.Errorf("redisstore: %s %q: %w", op, c.key, err)
+	}
+	return rep, nil
+}
+
 func decode(cmd *redis.Cmd) (reply, error) {
 	vals, err := cmd.Slice()
 	if err != nil {
@@ -310,5 +312,10 @@ func decode(cmd *redis.Cmd) (reply, error) {
 		}
 		n[i] = x
 	}
-	return reply{granted: n[0], remaining: n[1], retry: n[2], now: n[3], flags: n[4]}, nil
+	return reply{
+		Result:   bucket.Result{Granted: bucket.Micro(n[0]), Remaining: bucket.Micro(n[1]), RetryAfter: bucket.Millis(n[2])},
+		now:      bucket.Millis(n[3]),
+		replayed: n[4]&flagReplayed != 0,
+		stale:    n[4]&flagStale != 0,
+	}, nil
 }
