@@ -152,17 +152,47 @@ func startBenchServer(b *testing.B) *benchServer {
 // 100 per second on Linux).
 func (s *benchServer) cpu(b *testing.B) time.Duration {
 	b.Helper()
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	return procCPU(b, fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+}
+
+// procCPU is the user+system CPU time in stat, a /proc/<pid>/stat file (clock ticks, 100 per
+// second on Linux).
+func procCPU(b *testing.B, stat string) time.Duration {
+	b.Helper()
+	data, err := os.ReadFile(stat)
 	if err != nil {
 		b.Fatal(err)
 	}
 	// Fields after the command name (in parentheses, which may hold spaces): state is field 3,
 	// utime field 14, stime field 15.
-	rest := string(data[strings.LastIndexByte(string(data), ')')+2:])
-	f := strings.Fields(rest)
+	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+2:]))
 	utime, _ := strconv.ParseInt(f[11], 10, 64)
 	stime, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+// dial connects to the server's Unix socket name; the connection is closed when b ends.
+func (s *benchServer) dial(b *testing.B, name string) *grpc.ClientConn {
+	b.Helper()
+	conn, err := grpc.NewClient("unix:"+filepath.Join(s.dir, name), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// benchAudit is a started audit queue writing JSON to io.Discard, allows sampled at sample; it is
+// closed when b ends.
+func benchAudit(b *testing.B, sample float64, clk clock.Clock) *audit.Queue {
+	b.Helper()
+	q, err := audit.New(audit.Config{SampleAllow: sample, Sink: audit.NewJSONSink(zapcore.AddSync(io.Discard), "bench"), Clock: clk})
+	if err != nil {
+		b.Fatal(err)
+	}
+	q.Start()
+	b.Cleanup(func() { _ = q.Close(context.Background()) })
+	return q
 }
 
 // drive sends n checks over conn from c goroutines and returns the wall time.
@@ -200,15 +230,7 @@ func drive(b *testing.B, conn *grpc.ClientConn, n, c int) time.Duration {
 // slices, divided by its calls.
 func BenchmarkUnixCheck(b *testing.B) {
 	srv := startBenchServer(b)
-	dial := func(name string) *grpc.ClientConn {
-		conn, err := grpc.NewClient("unix:"+filepath.Join(srv.dir, name), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { conn.Close() })
-		return conn
-	}
-	agentConn, emptyConn := dial("agent.sock"), dial("empty.sock")
+	agentConn, emptyConn := srv.dial(b, "agent.sock"), srv.dial(b, "empty.sock")
 	// Warm up both (connections, the agent's leases) before measuring.
 	drive(b, agentConn, 2000, 64)
 	drive(b, emptyConn, 2000, 64)

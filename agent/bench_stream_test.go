@@ -5,17 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/leasebucket/leasebucket/internal/audit"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
@@ -106,14 +101,7 @@ func streamDrive(b *testing.B, conn *grpc.ClientConn, n, batch int) time.Duratio
 // selfCPU is this process's user+system CPU time (the benchmark's client side).
 func selfCPU(b *testing.B) time.Duration {
 	b.Helper()
-	data, err := os.ReadFile("/proc/self/stat")
-	if err != nil {
-		b.Fatal(err)
-	}
-	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+2:]))
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond
+	return procCPU(b, "/proc/self/stat")
 }
 
 // BenchmarkUnixCheckStream is the streamed check API against the unary ceiling, measured as
@@ -129,15 +117,7 @@ func selfCPU(b *testing.B) time.Duration {
 // ceiling, from the same run).
 func BenchmarkUnixCheckStream(b *testing.B) {
 	srv := startBenchServer(b)
-	dial := func(name string) *grpc.ClientConn {
-		conn, err := grpc.NewClient("unix:"+filepath.Join(srv.dir, name), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { conn.Close() })
-		return conn
-	}
-	agentConn, emptyConn := dial("agent.sock"), dial("empty.sock")
+	agentConn, emptyConn := srv.dial(b, "agent.sock"), srv.dial(b, "empty.sock")
 	drive(b, emptyConn, 2000, 64)
 	streamDrive(b, agentConn, 100_000, 256) // leases for every tenant
 	for _, batch := range []int{64, 256} {
@@ -182,13 +162,7 @@ func BenchmarkAuditOverhead(b *testing.B) {
 		b.Run(fmt.Sprintf("sample=%v", sample), func(b *testing.B) {
 			set := parsePolicy(b, benchPolicy)
 			off := newStack(b, set, stackOptions{})
-			q, err := audit.New(audit.Config{SampleAllow: sample, Sink: audit.NewJSONSink(zapcore.AddSync(io.Discard), "bench"), Clock: off.clk})
-			if err != nil {
-				b.Fatal(err)
-			}
-			q.Start()
-			b.Cleanup(func() { _ = q.Close(context.Background()) })
-			on := newStack(b, set, stackOptions{audit: q})
+			on := newStack(b, set, stackOptions{audit: benchAudit(b, sample, off.clk)})
 			req := &agentv1.CheckRequest{Tenant: "acme", Route: "/api/items", Operation: "GET"}
 			ctx := context.Background()
 			run := func(s *stack, n int) time.Duration {
@@ -230,13 +204,7 @@ func BenchmarkAuditOverhead(b *testing.B) {
 func BenchmarkServerCheckBatch(b *testing.B) {
 	set := parsePolicy(b, benchPolicy)
 	clkStack := newStack(b, set, stackOptions{})
-	q, err := audit.New(audit.Config{SampleAllow: audit.DefaultSampleAllow, Sink: audit.NewJSONSink(zapcore.AddSync(io.Discard), "bench"), Clock: clkStack.clk})
-	if err != nil {
-		b.Fatal(err)
-	}
-	q.Start()
-	b.Cleanup(func() { _ = q.Close(context.Background()) })
-	s := newStack(b, set, stackOptions{audit: q})
+	s := newStack(b, set, stackOptions{audit: benchAudit(b, audit.DefaultSampleAllow, clkStack.clk)})
 	const batch = 256
 	req := &agentv1.CheckBatchRequest{Checks: make([]*agentv1.CheckRequest, batch)}
 	for i := range req.Checks {

@@ -50,66 +50,60 @@ type decisionKey struct {
 // NewMetrics returns the agent's metrics, not registered yet (see Register).
 func NewMetrics() *Metrics {
 	return &Metrics{
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "leasebucket", Subsystem: "agent", Name: "decisions_total",
-			Help: "Checks answered, by rule and outcome (allow, deny, unavailable). Degraded and shadow answers are counted here too, and separately.",
-		}, []string{"rule", "outcome"}),
-		invalids: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "leasebucket", Subsystem: "agent", Name: "invalid_checks_total",
-			Help: "Checks rejected as malformed (INVALID_ARGUMENT): no decision, nothing charged.",
-		}),
-		fallbacks: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "leasebucket", Subsystem: "agent", Name: "wait_fallbacks_total",
-			Help: "Checks that waited for a refill past the bound (or the caller's deadline) and were answered by the rule's failure mode.",
-		}),
-		refill: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: "leasebucket", Subsystem: "agent", Name: "refill_duration_seconds",
-			Help:    "Latency of Acquire calls to the coordinators (each attempt), successful or not.",
-			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1},
-		}),
-		callErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "leasebucket", Subsystem: "agent", Name: "coordinator_errors_total",
-			Help: "Coordinator calls that failed as a whole, by call (acquire, return) and gRPC code.",
-		}, []string{"call", "code"}),
-		nearLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "leasebucket", Subsystem: "agent", Name: "near_limit_allows_total",
-			Help: "Allows that left less than a tenth of the rule's burst, as this agent sees it, by rule.",
-		}, []string{"rule"}),
-		failureAnswers: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "leasebucket", Subsystem: "agent", Name: "failure_mode_answers_total",
-			Help: "Checks answered by the rule's failure mode (degraded mode): unavailable (fail closed), or allow/deny by the emergency bucket; by rule and outcome.",
-		}, []string{"rule", "outcome"}),
-		replays: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "leasebucket", Subsystem: "agent", Name: "idempotent_replays_total",
-			Help: "Idempotent repeats answered with the first decision, not charged again (not in decisions_total).",
-		}),
-		pending: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "leasebucket", Subsystem: "agent", Name: "idempotency_pending_total",
-			Help: "Repeats of an idempotency key answered ABORTED because the first check was still being decided after the wait bound.",
-		}),
-		batchChecks: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: "leasebucket", Subsystem: "agent", Name: "batch_checks",
-			Help:    "Checks per CheckBatch request or CheckStream message, by api (batch, stream).",
-			Buckets: []float64{1, 4, 16, 64, 256, 1024},
-		}, []string{"api"}),
-		streams: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "leasebucket", Subsystem: "agent", Name: "check_streams",
-			Help: "CheckStream calls open.",
-		}),
-		envoyAnswers: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "leasebucket", Subsystem: "agent", Name: "envoy_requests_total",
-			Help: "Envoy ShouldRateLimit requests by answer: ok, over_limit, invalid (INVALID_ARGUMENT), unavailable (a fail-closed descriptor: UNAVAILABLE), error.",
-		}, []string{"code"}),
+		decisions: prometheus.NewCounterVec(counterOpts("decisions_total",
+			"Checks answered, by rule and outcome (allow, deny, unavailable). Degraded and shadow answers are counted here too, and separately."),
+			[]string{"rule", "outcome"}),
+		invalids: prometheus.NewCounter(counterOpts("invalid_checks_total",
+			"Checks rejected as malformed (INVALID_ARGUMENT): no decision, nothing charged.")),
+		fallbacks: prometheus.NewCounter(counterOpts("wait_fallbacks_total",
+			"Checks that waited for a refill past the bound (or the caller's deadline) and were answered by the rule's failure mode.")),
+		refill: prometheus.NewHistogram(histogramOpts("refill_duration_seconds",
+			"Latency of Acquire calls to the coordinators (each attempt), successful or not.",
+			[]float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1})),
+		callErrors: prometheus.NewCounterVec(counterOpts("coordinator_errors_total",
+			"Coordinator calls that failed as a whole, by call (acquire, return) and gRPC code."),
+			[]string{"call", "code"}),
+		nearLimit: prometheus.NewCounterVec(counterOpts("near_limit_allows_total",
+			"Allows that left less than a tenth of the rule's burst, as this agent sees it, by rule."),
+			[]string{"rule"}),
+		failureAnswers: prometheus.NewCounterVec(counterOpts("failure_mode_answers_total",
+			"Checks answered by the rule's failure mode (degraded mode): unavailable (fail closed), or allow/deny by the emergency bucket; by rule and outcome."),
+			[]string{"rule", "outcome"}),
+		replays: prometheus.NewCounter(counterOpts("idempotent_replays_total",
+			"Idempotent repeats answered with the first decision, not charged again (not in decisions_total).")),
+		pending: prometheus.NewCounter(counterOpts("idempotency_pending_total",
+			"Repeats of an idempotency key answered ABORTED because the first check was still being decided after the wait bound.")),
+		batchChecks: prometheus.NewHistogramVec(histogramOpts("batch_checks",
+			"Checks per CheckBatch request or CheckStream message, by api (batch, stream).",
+			[]float64{1, 4, 16, 64, 256, 1024}),
+			[]string{"api"}),
+		streams: prometheus.NewGauge(gaugeOpts("check_streams",
+			"CheckStream calls open.")),
+		envoyAnswers: prometheus.NewCounterVec(counterOpts("envoy_requests_total",
+			"Envoy ShouldRateLimit requests by answer: ok, over_limit, invalid (INVALID_ARGUMENT), unavailable (a fail-closed descriptor: UNAVAILABLE), error."),
+			[]string{"code"}),
 	}
+}
+
+// counterOpts, gaugeOpts and histogramOpts name a metric leasebucket_agent_<name>, as desc does
+// for the ones read at scrape time.
+func counterOpts(name, help string) prometheus.CounterOpts {
+	return prometheus.CounterOpts{Namespace: "leasebucket", Subsystem: "agent", Name: name, Help: help}
+}
+
+func gaugeOpts(name, help string) prometheus.GaugeOpts {
+	return prometheus.GaugeOpts{Namespace: "leasebucket", Subsystem: "agent", Name: name, Help: help}
+}
+
+func histogramOpts(name, help string, buckets []float64) prometheus.HistogramOpts {
+	return prometheus.HistogramOpts{Namespace: "leasebucket", Subsystem: "agent", Name: name, Help: help, Buckets: buckets}
 }
 
 // Register registers the metrics with reg, with the counters of lim and, if ref is not nil, the
 // calls in flight of ref, read at scrape time.
 func (m *Metrics) Register(reg prometheus.Registerer, lim *Limiter, ref *Refresher) error {
-	idemKeys := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: "leasebucket", Subsystem: "agent", Name: "idempotency_keys",
-		Help: "Idempotency keys remembered (allows answered to a check with a key, within the window).",
-	}, func() float64 {
+	idemKeys := prometheus.NewGaugeFunc(gaugeOpts("idempotency_keys",
+		"Idempotency keys remembered (allows answered to a check with a key, within the window)."), func() float64 {
 		if i := m.idem.Load(); i != nil {
 			return float64(i.len())
 		}
