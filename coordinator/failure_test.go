@@ -13,6 +13,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/leasebucket/leasebucket/internal/proctest"
 	"github.com/leasebucket/leasebucket/internal/redistest"
 	"github.com/leasebucket/leasebucket/policy"
 	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
@@ -222,7 +223,7 @@ func TestSentinelFailover(t *testing.T) {
 	}
 	// Let the replica catch up, so the test measures the failover, not replication lag.
 	master, replica := s.Node(0).Client(t), s.Node(1).Client(t)
-	waitUntil(t, 10*time.Second, "replica in sync", func() bool {
+	proctest.WaitFor(t, 10*time.Second, "replica in sync", func() bool {
 		for _, x := range refs {
 			a, _ := master.HGetAll(ctxFor(t, 5*time.Second), key(t, set, x)).Result()
 			b, _ := replica.HGetAll(ctxFor(t, 5*time.Second), key(t, set, x)).Result()
@@ -275,15 +276,4 @@ func TestSentinelFailover(t *testing.T) {
 		}
 	}
 	checkBudget(t, l, set, refs, replica)
-}
-
-func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within %v", what, d)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/leasebucket/leasebucket/internal/lease"
+	"github.com/leasebucket/leasebucket/internal/proctest"
 	"github.com/leasebucket/leasebucket/internal/redistest"
 	"github.com/leasebucket/leasebucket/policy"
 )
@@ -22,7 +23,7 @@ type stack struct {
 	redis       *redistest.Server
 	coordinator string
 	socket      string
-	agent       *process
+	agent       *proctest.Process
 	gw          *gateway
 	up          *upstream
 	client      *http.Client
@@ -231,7 +232,7 @@ func TestAgentDown(t *testing.T) {
 	if r := send(t, s.client, "GET", s.gw.url+"/products/1", "warm"); r.code != 200 {
 		t.Fatalf("before the outage: %d", r.code)
 	}
-	s.agent.kill()
+	s.agent.Kill()
 	before := s.up.calls.Load()
 	checkEmergency(t, s, "writer", "reader")
 	r := send(t, s.client, "GET", s.gw.url+"/orders/7", "acme") // orders-read fails closed, Retry-After 2s

@@ -1,181 +1,44 @@
 package e2e
 
 import (
-	"bufio"
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/leasebucket/leasebucket/internal/proctest"
 )
 
-// binDir holds the binaries TestMain built.
-var binDir string
+// bins are the commands the tests run, built on first use.
+var bins = proctest.NewBinaries(map[string]string{
+	"coordinator": "../cmd/coordinator", "agent": "../cmd/agent", "gateway": "../cmd/gateway",
+})
 
 func TestMain(m *testing.M) {
-	os.Exit(testMain(m))
-}
-
-func testMain(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "lb-e2e-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e:", err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	binDir = dir
-	var wg sync.WaitGroup
-	errs := make([]error, 3)
-	for i, name := range []string{"coordinator", "agent", "gateway"} {
-		wg.Go(func() {
-			cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), "../cmd/"+name)
-			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				errs[i] = fmt.Errorf("go build cmd/%s: %w\n%s", name, err, out)
-			}
-		})
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "e2e:", err)
-			return 1
-		}
-	}
 	code := m.Run()
+	bins.Remove()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "e2e: goroutines left behind:", err)
-			return 1
+			code = 1
 		}
 	}
-	return code
+	os.Exit(code)
 }
 
-// process is a child process whose stderr is kept for failure messages and scanned for JSON log
-// records.
-type process struct {
-	name   string
-	cmd    *exec.Cmd
-	mu     sync.Mutex
-	stderr bytes.Buffer
-	done   chan struct{}
-	err    error
-}
-
-func startProcess(t *testing.T, name string, args ...string) *process {
+// startProcess runs the command name.
+func startProcess(t *testing.T, name string, args ...string) *proctest.Process {
 	t.Helper()
-	p := &process{name: name, cmd: exec.Command(filepath.Join(binDir, name), args...), done: make(chan struct{})}
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test binary
-	p.cmd.Stderr = p
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		p.kill()
-		if t.Failed() {
-			t.Logf("%s stderr (last lines):\n%s", name, lastLines(p.output(), 30))
-		}
-	})
-	return p
-}
-
-func (p *process) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stderr.Write(b)
-}
-
-func (p *process) output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stderr.String()
-}
-
-// kill sends SIGKILL and waits until the process is gone.
-func (p *process) kill() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Kill()
-	<-p.done
-}
-
-// logField waits for a JSON log record with msg and returns its field.
-func (p *process) logField(t *testing.T, msg, field string) string {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		sc := bufio.NewScanner(strings.NewReader(p.output()))
-		for sc.Scan() {
-			var rec map[string]any
-			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["msg"] == msg {
-				if v, ok := rec[field].(string); ok {
-					return v
-				}
-			}
-		}
-		select {
-		case <-p.done:
-			t.Fatalf("%s exited (%v) before logging %q:\n%s", p.name, p.err, msg, lastLines(p.output(), 30))
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not log %q:\n%s", p.name, msg, lastLines(p.output(), 30))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-func waitTCP(t *testing.T, addr string) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not listening: %v", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return proctest.Start(t, bins.Path(t, name), args...)
 }
 
 // files are the inputs every process of a test reads: the shipped example policy and the
@@ -208,18 +71,18 @@ func writeFiles(t *testing.T) files {
 }
 
 // startCoordinator runs a coordinator on the Redis at redisAddr and returns its address.
-func startCoordinator(t *testing.T, f files, redisAddr string) (string, *process) {
+func startCoordinator(t *testing.T, f files, redisAddr string) (string, *proctest.Process) {
 	t.Helper()
-	addr := freeAddr(t)
+	addr := proctest.FreeAddr(t)
 	p := startProcess(t, "coordinator", "--listen", addr, "--policy", f.policy, "--redis-addrs", redisAddr,
 		"--metrics-listen", "", "--health-interval", "100ms", "--store-timeout", "500ms",
 		"--redis-timeout", "500ms", "--redis-dial-timeout", "200ms")
-	waitTCP(t, addr)
+	proctest.WaitTCP(t, addr)
 	return addr, p
 }
 
 // startAgent runs an agent on a socket in a fresh directory.
-func startAgent(t *testing.T, f files, coordinator string) (socket string, p *process) {
+func startAgent(t *testing.T, f files, coordinator string) (socket string, p *proctest.Process) {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "lbe") // short: a socket path has at most 108 bytes
 	if err != nil {
@@ -230,17 +93,17 @@ func startAgent(t *testing.T, f files, coordinator string) (socket string, p *pr
 	return socket, startAgentOn(t, f, coordinator, socket)
 }
 
-func startAgentOn(t *testing.T, f files, coordinator, socket string) *process {
+func startAgentOn(t *testing.T, f files, coordinator, socket string) *proctest.Process {
 	t.Helper()
 	p := startProcess(t, "agent", "--socket", socket, "--coordinators", coordinator, "--policy", f.policy,
 		"--region", "eu-west", "--metrics-listen", "")
-	p.logField(t, "agent serving", "policy_version")
+	p.LogField(t, "agent serving", "policy_version")
 	return p
 }
 
 // gateway is a running gateway process.
 type gateway struct {
-	*process
+	*proctest.Process
 	url     string // http://host:port
 	metrics string // host:port of /metrics
 }
@@ -251,31 +114,15 @@ func startGateway(t *testing.T, f files, socket, upstream string, extra ...strin
 		"--agent-socket", socket, "--policy", f.policy, "--tokens", f.tokens, "--region", "eu-west",
 		"--idempotency-header", "Idempotency-Key"}, extra...)
 	p := startProcess(t, "gateway", args...)
-	g := &gateway{process: p, metrics: p.logField(t, "metrics", "addr")}
-	g.url = "http://" + p.logField(t, "gateway serving", "addr")
+	g := &gateway{Process: p, metrics: p.LogField(t, "metrics", "addr")}
+	g.url = "http://" + p.LogField(t, "gateway serving", "addr")
 	return g
 }
 
 // metric reads one unlabelled counter from the gateway's /metrics.
 func (g *gateway) metric(t *testing.T, name string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + g.metrics + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return f
-		}
-	}
-	t.Fatalf("metric %s not found", name)
-	return 0
+	return proctest.Metric(t, g.metrics, name)
 }
 
 // upstream is the service behind the gateways: it counts the calls that reach it and keeps the

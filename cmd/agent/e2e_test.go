@@ -252,9 +252,9 @@ func TestAgentKilledLosesAtMostItsLeases(t *testing.T) {
 	allowedSurvivor := traffic(survivor, 100)
 	victim.settle(t)
 	outstanding := victim.metric(t, "leasebucket_agent_outstanding_lease_tokens")
-	victim.kill()
+	victim.Kill()
 	allowedSurvivor += traffic(survivor, 100)
-	survivor.terminate(t) // returns its leases
+	survivor.Terminate(t) // returns its leases
 	coord.kill()
 
 	r, _ := set.Match("/ledger", "GET")

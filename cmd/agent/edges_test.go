@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -22,6 +21,7 @@ import (
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/memstore"
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/proctest"
 	"github.com/leasebucket/leasebucket/policy"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
@@ -76,13 +76,10 @@ func shortDir(t *testing.T) string {
 	return dir
 }
 
-// logField finds the first JSON log line with msg and returns its field.
-func logField(logs, msg, field string) (any, bool) {
-	sc := bufio.NewScanner(strings.NewReader(logs))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		var m map[string]any
-		if json.Unmarshal(sc.Bytes(), &m) == nil && m["msg"] == msg {
+// logField finds the first JSON log record with msg and returns its field.
+func logField(logs *proctest.Buffer, msg, field string) (any, bool) {
+	for _, m := range logs.Records() {
+		if m["msg"] == msg {
 			v, ok := m[field]
 			return v, ok
 		}
@@ -118,15 +115,15 @@ func TestRunEdges(t *testing.T) {
 		"--audit-log", auditLog, "--audit-sample-allow", "0"}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var logs lockedBuffer
+	var logs proctest.Buffer
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, args, noEnv, &logs) }()
 	var listen, debugAddr any
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var ok1, ok2 bool
-		listen, ok1 = logField(logs.String(), "agent serving", "listen")
-		debugAddr, ok2 = logField(logs.String(), "debug endpoint", "addr")
+		listen, ok1 = logField(&logs, "agent serving", "listen")
+		debugAddr, ok2 = logField(&logs, "debug endpoint", "addr")
 		if ok1 && ok2 {
 			break
 		}

@@ -1,21 +1,12 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
-	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,50 +16,35 @@ import (
 
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/redisstore"
+	"github.com/leasebucket/leasebucket/internal/proctest"
 	"github.com/leasebucket/leasebucket/policy"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
 
-// The end-to-end tests run real processes: agents built from this package, coordinators built
-// from cmd/coordinator when it exists (otherwise coordinator.Server in process, on real TCP), a
-// real redis-server (internal/redistest). Binaries are built once per test binary.
+// The end-to-end tests run real processes (internal/proctest): agents built from this package,
+// coordinators built from cmd/coordinator when it exists (otherwise coordinator.Server in process,
+// on real TCP), a real redis-server (internal/redistest). Binaries are built once per test binary.
 
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-)
+// hasCoordinator: cmd/coordinator exists, and its binary runs the coordinators.
+var hasCoordinator = fileExists("../coordinator/main.go")
 
-// binaries builds cmd/agent (and cmd/coordinator if present) into a temporary directory.
+// bins are cmd/agent and, if it exists, cmd/coordinator, built on first use.
+var bins = proctest.NewBinaries(func() map[string]string {
+	pkgs := map[string]string{"agent": "."}
+	if hasCoordinator {
+		pkgs["coordinator"] = "../coordinator"
+	}
+	return pkgs
+}())
+
+// binaries returns the paths of the agent and coordinator binaries ("" without cmd/coordinator).
 func binaries(t testing.TB) (agentBin, coordinatorBin string) {
 	t.Helper()
-	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "lb-e2e-bin")
-		if buildErr != nil {
-			return
-		}
-		buildErr = goBuild(filepath.Join(buildDir, "agent"), ".")
-		if buildErr == nil && fileExists("../coordinator/main.go") {
-			buildErr = goBuild(filepath.Join(buildDir, "coordinator"), "../coordinator")
-		}
-	})
-	if buildErr != nil {
-		t.Fatalf("build: %v", buildErr)
-	}
-	agentBin = filepath.Join(buildDir, "agent")
-	if fileExists(filepath.Join(buildDir, "coordinator")) {
-		coordinatorBin = filepath.Join(buildDir, "coordinator")
+	agentBin = bins.Path(t, "agent")
+	if hasCoordinator {
+		coordinatorBin = bins.Path(t, "coordinator")
 	}
 	return agentBin, coordinatorBin
-}
-
-func goBuild(out, pkg string) error {
-	cmd := exec.Command("go", "build", "-o", out, pkg)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
-	}
-	return nil
 }
 
 func fileExists(p string) bool {
@@ -171,137 +147,17 @@ func startCoordinator(t testing.TB, policyFile, redisAddr string) *coordinatorNo
 
 func startCoordinatorProcess(t testing.TB, bin, policyFile, redisAddr string) *coordinatorNode {
 	t.Helper()
-	port := freePort(t)
-	addr := "127.0.0.1:" + strconv.Itoa(port)
-	cmd := exec.Command(bin, "--listen", addr, "--policy", policyFile, "--redis-addrs", redisAddr,
+	addr := proctest.FreeAddr(t)
+	p := proctest.Start(t, bin, "--listen", addr, "--policy", policyFile, "--redis-addrs", redisAddr,
 		"--metrics-listen", "", "--health-interval", "100ms", "--store-timeout", "500ms", "--redis-timeout", "500ms",
 		"--redis-dial-timeout", "200ms")
-	p := startProcess(t, cmd, "coordinator")
-	waitTCP(t, addr)
-	return &coordinatorNode{addr: addr, kill: p.kill}
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-func waitTCP(t testing.TB, addr string) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not listening: %v", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// process is a child process whose stderr is kept for failure messages.
-type process struct {
-	name   string
-	cmd    *exec.Cmd
-	stderr *lockedBuffer
-	done   chan struct{}
-	err    error
-	lines  chan string // stderr lines, for readiness
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func startProcess(t testing.TB, cmd *exec.Cmd, name string) *process {
-	t.Helper()
-	p := &process{name: name, cmd: cmd, stderr: &lockedBuffer{}, done: make(chan struct{}), lines: make(chan string, 1024)}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test binary
-	pr, pw := io.Pipe()
-	cmd.Stderr = pw
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			line := sc.Text()
-			p.stderr.Write([]byte(line + "\n"))
-			select {
-			case p.lines <- line:
-			default:
-			}
-		}
-		close(p.lines)
-	}()
-	go func() {
-		p.err = cmd.Wait()
-		pw.Close()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		p.kill()
-		if t.Failed() {
-			t.Logf("%s stderr:\n%s", name, lastLines(p.stderr.String(), 40))
-		}
-	})
-	return p
-}
-
-// kill sends SIGKILL and waits for the process to be gone.
-func (p *process) kill() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Kill()
-	<-p.done
-}
-
-// terminate sends SIGTERM and waits for a graceful exit.
-func (p *process) terminate(t testing.TB) {
-	t.Helper()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-		if p.err != nil {
-			t.Fatalf("%s exited with %v", p.name, p.err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatalf("%s ignored SIGTERM", p.name)
-	}
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+	proctest.WaitTCP(t, addr)
+	return &coordinatorNode{addr: addr, kill: p.Kill}
 }
 
 // agentNode is a running agent process with a client on its socket.
 type agentNode struct {
-	*process
+	*proctest.Process
 	socket  string
 	metrics string // host:port of /metrics
 	client  agentv1.AgentServiceClient
@@ -323,29 +179,9 @@ func startAgent(t testing.TB, policyFile string, coordinators []*coordinatorNode
 	socket := filepath.Join(dir, "agent.sock")
 	args := append([]string{"--socket", socket, "--coordinators", strings.Join(addrs, ","), "--policy", policyFile,
 		"--metrics-listen", "127.0.0.1:0", "--log-level", "info"}, extra...)
-	a := &agentNode{process: startProcess(t, exec.Command(bin, args...), "agent"), socket: socket}
-	deadline := time.After(20 * time.Second)
-	for a.metrics == "" || !fileExists(socket) {
-		select {
-		case line, ok := <-a.lines:
-			if !ok {
-				t.Fatalf("agent exited: %v\n%s", a.err, a.stderr)
-			}
-			var rec struct {
-				Msg  string `json:"msg"`
-				Addr string `json:"addr"`
-			}
-			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "metrics" {
-				a.metrics = rec.Addr
-			}
-		case <-deadline:
-			t.Fatalf("agent not ready:\n%s", a.stderr)
-		}
-	}
-	go func() {
-		for range a.lines { // keep draining so the agent never blocks on its stderr
-		}
-	}()
+	p := proctest.Start(t, bin, args...)
+	a := &agentNode{Process: p, socket: socket, metrics: p.LogField(t, "metrics", "addr")}
+	p.Await(t, "socket "+socket, func() bool { return fileExists(socket) })
 	conn, err := grpc.NewClient("unix:"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -369,23 +205,7 @@ func (a *agentNode) check(t testing.TB, tenant, route, op string) *agentv1.Check
 // metric reads one unlabelled metric from the agent's /metrics.
 func (a *agentNode) metric(t testing.TB, name string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + a.metrics + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return f
-		}
-	}
-	t.Fatalf("metric %s not found", name)
-	return 0
+	return proctest.Metric(t, a.metrics, name)
 }
 
 // settle waits until the agent has no call in flight and nothing queued (read twice in a row).

@@ -19,6 +19,7 @@ import (
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/memstore"
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/proctest"
 	"github.com/leasebucket/leasebucket/policy"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
@@ -31,9 +32,7 @@ func TestMain(m *testing.M) {
 			code = 1
 		}
 	}
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
+	bins.Remove()
 	os.Exit(code)
 }
 
@@ -109,7 +108,7 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var logs lockedBuffer
+	var logs proctest.Buffer
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, nil, func(k string) string { return env[k] }, &logs) }()
 	deadline := time.Now().Add(10 * time.Second)

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -28,6 +26,7 @@ import (
 
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/proctest"
 	"github.com/leasebucket/leasebucket/internal/tlsconfig"
 	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
 )
@@ -68,41 +67,10 @@ func writeFile(t *testing.T, path, content string) {
 	}
 }
 
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// entries are the JSON log lines so far.
-func (b *syncBuffer) entries() []map[string]any {
-	var out []map[string]any
-	sc := bufio.NewScanner(strings.NewReader(b.String()))
-	for sc.Scan() {
-		var m map[string]any
-		if json.Unmarshal(sc.Bytes(), &m) == nil {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
 // coord is one run of the command.
 type coord struct {
 	t           *testing.T
-	logs        *syncBuffer
+	logs        *proctest.Buffer
 	grpcAddr    string
 	metricsAddr string
 	conn        *grpc.ClientConn
@@ -115,7 +83,7 @@ type coord struct {
 func start(t *testing.T, env map[string]string, args ...string) *coord {
 	t.Helper()
 	args = append([]string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--health-interval", "50ms"}, args...)
-	c := &coord{t: t, logs: &syncBuffer{}}
+	c := &coord{t: t, logs: &proctest.Buffer{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, args, func(k string) string { return env[k] }, c.logs) }()
@@ -149,7 +117,7 @@ func start(t *testing.T, env map[string]string, args ...string) *coord {
 		if time.Now().After(deadline) {
 			t.Fatalf("not serving after 30 s; logs:\n%s", c.logs)
 		}
-		for _, e := range c.logs.entries() {
+		for _, e := range c.logs.Records() {
 			switch e["msg"] {
 			case "coordinator serving":
 				c.grpcAddr, _ = e["addr"].(string)
@@ -222,18 +190,7 @@ func (c *coord) health() healthpb.HealthCheckResponse_ServingStatus {
 
 func (c *coord) waitHealth(want healthpb.HealthCheckResponse_ServingStatus) {
 	c.t.Helper()
-	waitFor(c.t, 30*time.Second, fmt.Sprintf("health %v", want), func() bool { return c.health() == want })
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within %v", what, d)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	proctest.WaitFor(c.t, 30*time.Second, fmt.Sprintf("health %v", want), func() bool { return c.health() == want })
 }
 
 func TestHelp(t *testing.T) {
@@ -402,7 +359,7 @@ func TestRunMemory(t *testing.T) {
 	}
 
 	writeFile(t, file, policyYAML("v2", "200/second"))
-	waitFor(t, 10*time.Second, "reload to v2", func() bool {
+	proctest.WaitFor(t, 10*time.Second, "reload to v2", func() bool {
 		_, err := c.acquire("agent-1", 3, "v2", "acme")
 		return err == nil
 	})
@@ -410,7 +367,7 @@ func TestRunMemory(t *testing.T) {
 		t.Errorf("Acquire under v1 after the reload: %v, %v", resp, err)
 	}
 	writeFile(t, file, "version: v3\nrules: [")
-	waitFor(t, 10*time.Second, "rejected reload", func() bool {
+	proctest.WaitFor(t, 10*time.Second, "rejected reload", func() bool {
 		return strings.Contains(c.metrics(), `leasebucket_policy_reloads_total{result="error"} 1`)
 	})
 	if _, err := c.acquire("agent-1", 5, "v2", "acme"); err != nil {

@@ -16,6 +16,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/leasebucket/leasebucket/internal/proctest"
 	"github.com/leasebucket/leasebucket/internal/redistest"
 	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
 )
@@ -233,7 +234,7 @@ func TestRunRedisCluster(t *testing.T) {
 	down.Restart()
 	addACLUser(t, "s3cret", down) // a restarted node forgot its users
 	cluster.WaitHealthy()
-	waitFor(t, 30*time.Second, "every key served again", func() bool {
+	proctest.WaitFor(t, 30*time.Second, "every key served again", func() bool {
 		resp, err := c.acquire("a", 3, "v1", tenants...)
 		if err != nil {
 			return false

@@ -52,7 +52,7 @@ func StartCluster(t testing.TB, masters int, opts ...Option) *Cluster {
 		args = append(args, "--user", c.cfg.user)
 	}
 	if c.cfg.tls {
-		args = append(args, "--tls", "--cacert", c.cfg.tlsMat.caFile)
+		args = append(args, "--tls", "--cacert", c.cfg.tlsMat.CA)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
 	defer cancel()

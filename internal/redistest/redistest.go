@@ -242,7 +242,8 @@ func (s *Server) args(port int) []string {
 	}
 	if t := s.cfg.tlsMat; s.cfg.tls {
 		a = append(a, "--port", "0", "--tls-port", strconv.Itoa(port),
-			"--tls-cert-file", t.certFile, "--tls-key-file", t.keyFile, "--tls-ca-cert-file", t.caFile,
+			"--tls-cert-file", t.ServerCert, "--tls-key-file", t.ServerKey, "--tls-ca-cert-file", t.CA,
+			"--tls-client-cert-file", t.ClientCert, "--tls-client-key-file", t.ClientKey,
 			"--tls-auth-clients", "no", "--tls-replication", "yes")
 		if s.mode == modeCluster {
 			a = append(a, "--tls-cluster", "yes")

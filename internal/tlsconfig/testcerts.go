@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 )
 
@@ -67,13 +68,13 @@ func WriteTestPKI(dir string) (Files, error) {
 	return f, nil
 }
 
-var serial int64
+// serial numbers the certificates; WriteTestPKI may run in parallel tests.
+var serial atomic.Int64
 
 func template(cn string) *x509.Certificate {
-	serial++
 	now := time.Now()
 	return &x509.Certificate{
-		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn},
+		SerialNumber: big.NewInt(serial.Add(1)), Subject: pkix.Name{CommonName: cn},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature,
 	}
