@@ -95,8 +95,10 @@ func startAgent(t *testing.T, f files, coordinator string) (socket string, p *pr
 
 func startAgentOn(t *testing.T, f files, coordinator, socket string) *proctest.Process {
 	t.Helper()
+	// --max-wait of 1 s: under a loaded CI machine a first refill can outlast the default 50 ms,
+	// and these tests are about what the gateway answers, not about refill latency.
 	p := startProcess(t, "agent", "--socket", socket, "--coordinators", coordinator, "--policy", f.policy,
-		"--region", "eu-west", "--metrics-listen", "")
+		"--region", "eu-west", "--metrics-listen", "", "--max-wait", "1s")
 	p.LogField(t, "agent serving", "policy_version")
 	return p
 }
