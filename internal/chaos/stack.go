@@ -25,6 +25,7 @@ import (
 
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/redisstore"
+	"github.com/leasebucket/leasebucket/internal/proctest"
 	"github.com/leasebucket/leasebucket/internal/redistest"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
@@ -191,7 +192,7 @@ func NewStack(t testing.TB, cfg StackConfig) *Stack {
 		s.announceProxies()
 	}
 	for i := range cfg.Coordinators {
-		c := &Coordinator{Index: i, Addr: freeAddr(t), Metrics: freeAddr(t)}
+		c := &Coordinator{Index: i, Addr: proctest.FreeAddr(t), Metrics: proctest.FreeAddr(t)}
 		p, err := NewProxy(fmt.Sprintf("coordinator-%d", i), c.Addr)
 		if err != nil {
 			t.Fatal(err)
@@ -221,16 +222,6 @@ func NewStack(t testing.TB, cfg StackConfig) *Stack {
 
 // Since is the time since the run's zero.
 func (s *Stack) Since() time.Duration { return time.Since(s.Start) }
-
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ln.Close() }()
-	return ln.Addr().String()
-}
 
 // announceProxies makes every cluster node announce its proxy's port, so that the coordinators'
 // cluster clients, which follow the addresses the cluster announces, reach every node through
