@@ -13,7 +13,8 @@
 // hash-max-listpack-entries 128 and hash-max-listpack-value 64, a key of a few agents with short
 // ids stays in the compact listpack encoding (about 200 bytes with one record).
 //
-// A batch is one pipeline: one round trip per Redis node involved. go-redis may resend a command
+// A batch is one pipeline: one round trip per Redis node involved (on Cluster, one pipeline per
+// master, run side by side; a master that failed a batch is skipped for NodeCooldown). go-redis may resend a command
 // after a connection error without knowing whether Redis ran it, so a request without an OpID
 // may act twice: a Take charged twice (safe: tokens are lost, never created), a Return credited
 // twice (up to capacity). Requests that carry an OpID are answered from their record instead, so
@@ -26,6 +27,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -49,6 +51,7 @@ const (
 type Store struct {
 	c     redis.UniversalClient
 	clock func() bucket.Millis // nil: Redis TIME inside the script
+	nodes *breakers            // Cluster only: masters that failed a batch recently
 }
 
 // Option configures a Store.
@@ -63,9 +66,13 @@ func WithClock(clock func() bucket.Millis) Option {
 	return func(s *Store) { s.clock = clock }
 }
 
-// New returns a Store on c.
+// New returns a Store on c. On a Cluster client the Store skips, for NodeCooldown, the keys of
+// a master whose part of a batch failed without a reply (see breakers).
 func New(c redis.UniversalClient, opts ...Option) *Store {
 	s := &Store{c: c}
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		s.nodes = newBreakers(cc, NodeCooldown, time.Now)
+	}
 	for _, o := range opts {
 		o(s)
 	}
@@ -86,6 +93,7 @@ func (s *Store) Load(ctx context.Context) error {
 type call struct {
 	item int // index in the request slice
 	key  string
+	node string // on Cluster, the address of the key's master ("" if unknown)
 	args []any
 	cmd  *redis.Cmd
 }
@@ -203,7 +211,8 @@ func (s *Store) exec(ctx context.Context, calls []call) error {
 	if len(calls) == 0 {
 		return nil
 	}
-	s.send(ctx, calls, nil, false)
+	only := s.nodes.admit(ctx, calls) // nil: every call
+	s.sendByNode(ctx, calls, only, false)
 	var missing []int
 	for i := range calls {
 		if redis.HasErrorPrefix(calls[i].cmd.Err(), "NOSCRIPT") {
@@ -213,9 +222,35 @@ func (s *Store) exec(ctx context.Context, calls []call) error {
 	if len(missing) > 0 {
 		// If a node cannot load it (a Cluster replica down), send the source instead.
 		loaded := script.Load(ctx, s.c).Err() == nil
-		s.send(ctx, calls, missing, !loaded)
+		s.sendByNode(ctx, calls, missing, !loaded)
 	}
+	s.nodes.observe(ctx, calls, only)
 	return batchErr(ctx, calls)
+}
+
+// sendByNode is send, on a Cluster as one pipeline per master run side by side: go-redis fails
+// every command of a Cluster pipeline when the retry of one node's part meets the deadline, so
+// a hung master would take the answers of the masters that replied with it.
+func (s *Store) sendByNode(ctx context.Context, calls []call, only []int, source bool) {
+	if s.nodes == nil {
+		s.send(ctx, calls, only, source)
+		return
+	}
+	groups := map[string][]int{}
+	if only == nil {
+		for i := range calls {
+			groups[calls[i].node] = append(groups[calls[i].node], i)
+		}
+	} else {
+		for _, i := range only {
+			groups[calls[i].node] = append(groups[calls[i].node], i)
+		}
+	}
+	var wg sync.WaitGroup
+	for _, idx := range groups {
+		wg.Go(func() { s.send(ctx, calls, idx, source) })
+	}
+	wg.Wait()
 }
 
 // evaler is what send needs of a client or a pipeline.

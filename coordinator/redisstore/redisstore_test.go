@@ -5,6 +5,7 @@ import (
 	"errors"
 	"maps"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -437,6 +438,100 @@ func TestCluster(t *testing.T) {
 				t.Errorf("batch %d: %d script loads, want %d", i, loads, 3*wantLoads)
 			}
 			t.Logf("batch %d: 30 keys, round trips per node %v, script loads %d", i, trips, loads)
+		}
+	})
+
+	t.Run("HungMasterSkipped", func(t *testing.T) {
+		o := cl.Options()
+		o.ContextTimeoutEnabled = true // as cmd/coordinator: a hung master fails at the batch's deadline
+		hc := redis.NewClusterClient(o)
+		defer hc.Close()
+		s := redisstore.New(hc)
+		// Keys of its own (the other subtests count tokens on theirs), on every master.
+		reqs := slices.Clone(reqs)
+		owner := map[string]*redistest.Server{}
+		for i := range reqs {
+			reqs[i].Key = "hung-" + reqs[i].Key
+			owner[reqs[i].Key] = cl.MasterForKey(reqs[i].Key)
+		}
+		if _, err := s.Take(ctx(t), reqs); err != nil { // connections to every master
+			t.Fatal(err)
+		}
+		hung := owner[reqs[0].Key]
+		level := func() map[string]string {
+			m := map[string]string{}
+			for _, r := range reqs {
+				if owner[r.Key] == hung {
+					m[r.Key] = hc.HGet(ctx(t), r.Key, "t").Val()
+				}
+			}
+			return m
+		}
+		before := level()
+		take := func() ([]coordinator.TakeResult, context.Context) {
+			t.Helper()
+			c, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			t.Cleanup(cancel)
+			res, err := s.Take(c, reqs)
+			if err != nil {
+				t.Fatalf("a batch with one master hung: %v, want per-item errors", err)
+			}
+			return res, c
+		}
+		check := func(batch string, res []coordinator.TakeResult, onHung func(error) bool) {
+			t.Helper()
+			for j, r := range res {
+				if owner[reqs[j].Key] == hung {
+					if !onHung(r.Err) {
+						t.Errorf("%s: %s on the hung master = %s", batch, reqs[j].Key, storetest.TakeResultString(r))
+					}
+				} else if r.Err != nil || r.Granted != tok {
+					t.Errorf("%s: %s on a healthy master = %s, want a token", batch, reqs[j].Key, storetest.TakeResultString(r))
+				}
+			}
+		}
+		hung.Pause()
+		resumed := false
+		defer func() {
+			if !resumed {
+				hung.Resume()
+			}
+		}()
+		// The first batch waits for its deadline on the hung master's keys.
+		res, _ := take()
+		check("first batch", res, func(err error) bool { return err != nil && !errors.Is(err, redisstore.ErrNodeUnavailable) })
+		// The next ones skip that master: its keys fail at once, without being sent, and the batch
+		// is answered before its deadline.
+		for i := range 3 {
+			res, c := take()
+			check("batch "+strconv.Itoa(i+2), res, func(err error) bool { return errors.Is(err, redisstore.ErrNodeUnavailable) })
+			if c.Err() != nil {
+				t.Fatalf("batch %d reached its deadline: the hung master was asked", i+2)
+			}
+		}
+		hung.Resume()
+		resumed = true
+		// Skipped keys were not charged: at most the first batch's take (sent before its deadline,
+		// which Redis may run when it wakes) is missing from each.
+		after := level()
+		for key, b := range before {
+			bt, _ := strconv.ParseInt(b, 10, 64)
+			at, _ := strconv.ParseInt(after[key], 10, 64)
+			if d := bt - at; d != 0 && d != int64(tok) {
+				t.Errorf("%s: %d µ debited while its master hung, want at most the first batch's token", key, d)
+			}
+		}
+		// After the cooldown the master is asked again, and answers.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			res, err := s.Take(ctx(t), reqs)
+			if err == nil && !slices.ContainsFunc(res, func(r coordinator.TakeResult) bool { return r.Err != nil }) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the resumed master's keys still fail: %v %v", err, res)
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
 	})
 
