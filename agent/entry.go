@@ -67,6 +67,11 @@ type fails struct {
 	count       int         // consecutive refill failures (backoff)
 	emergency   bucket.State
 	emergencyOn bool
+	// An Acquire of this key failed after it may have been applied (a timeout, a connection
+	// lost, the store timing out): its seq and send time. The key's next refill sends that seq
+	// again (resendable), so the coordinator answers from its record what Redis granted.
+	lostSeq    uint64
+	lostSentAt clock.Nanos
 }
 
 // grant is a lease not yet installed as the current lease.

@@ -382,6 +382,7 @@ type Stats struct {
 	ShadowDenied atomic.Uint64 // shadow rules that would have denied
 
 	Acquires       atomic.Uint64 // Acquire calls built
+	Resends        atomic.Uint64 // of which sent again with the seq of a call whose outcome was unknown
 	AcquireErrors  atomic.Uint64 // Acquire calls that failed as a whole
 	Grants         atomic.Uint64 // leases granted
 	GrantedMicro   atomic.Uint64 // µ granted

@@ -94,9 +94,15 @@ func TestLeaseCore(t *testing.T) {
 				if d.HasArg("error") {
 					var kind string
 					d.ScanArgs(t, "error", &kind)
-					err = status.Error(codes.Unavailable, "coordinator unreachable")
-					if kind == "unknown-version" {
+					switch kind {
+					case "unknown-version":
 						err = unknownVersionError(t)
+					case "deadline":
+						err = status.Error(codes.DeadlineExceeded, "context deadline exceeded")
+					case "invalid":
+						err = status.Error(codes.InvalidArgument, "refused")
+					default:
+						err = status.Error(codes.Unavailable, "coordinator unreachable")
 					}
 				}
 				resp := &coordinatorv1.AcquireResponse{}
@@ -131,8 +137,8 @@ func TestLeaseCore(t *testing.T) {
 			case "stats":
 				s := l.Stats()
 				refills, returns := l.Pending()
-				return fmt.Sprintf("keys=%d acquires=%d grants=%d granted=%s denials=%d failures=%d expired=%d evicted=%d unavailable=%d degraded=%d shadow-denied=%d queued-refills=%d queued-returns=%d",
-					l.Keys(), s.Acquires.Load(), s.Grants.Load(), tok(int64(s.GrantedMicro.Load())), s.Denials.Load(), s.ItemFailures.Load()+s.AcquireErrors.Load(),
+				return fmt.Sprintf("keys=%d acquires=%d resends=%d grants=%d granted=%s denials=%d failures=%d expired=%d evicted=%d unavailable=%d degraded=%d shadow-denied=%d queued-refills=%d queued-returns=%d",
+					l.Keys(), s.Acquires.Load(), s.Resends.Load(), s.Grants.Load(), tok(int64(s.GrantedMicro.Load())), s.Denials.Load(), s.ItemFailures.Load()+s.AcquireErrors.Load(),
 					s.Expired.Load(), s.Evicted.Load(), s.Unavailable.Load(), s.Degraded.Load(), s.ShadowDenied.Load(), refills, returns)
 			default:
 				d.Fatalf(t, "unknown command %q", d.Cmd)

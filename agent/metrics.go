@@ -222,7 +222,7 @@ type coreCollector struct {
 }
 
 var coreDescs = struct {
-	grants, grantedTokens, refillDenials, itemFailures, acquires, returns, returnedTokens,
+	grants, grantedTokens, refillDenials, itemFailures, acquires, resends, returns, returnedTokens,
 	creditedTokens, lostTokens, skippedReturns, skippedTokens, expiries, evictions, degraded, shadow, mismatches,
 	outstanding, keys, inflight, queuedRefills, queuedReturns *prometheus.Desc
 }{
@@ -231,6 +231,7 @@ var coreDescs = struct {
 	refillDenials:  desc("refill_denials_total", "Refills denied by the global bucket (the key answers deny locally until the Retry-After)."),
 	itemFailures:   desc("refill_item_failures_total", "Refill items the coordinator could not serve (the store failed for the key, or it did not know the route)."),
 	acquires:       desc("acquire_calls_total", "Acquire calls built (each carries up to 256 keys)."),
+	resends:        desc("acquire_resends_total", "Acquire calls sent again with the seq of a call whose outcome was unknown (timed out, connection lost, store timed out), so the coordinator answers what Redis applied from its record."),
 	returns:        desc("lease_returns_total", "Leases handed back in Return calls (expired, evicted, replaced by a policy change, or at shutdown)."),
 	returnedTokens: desc("lease_returned_tokens_total", "Unspent tokens handed back in Return calls."),
 	creditedTokens: desc("lease_credited_tokens_total", "Tokens the coordinators credited back (returned tokens less the refill since their grant, capped at capacity)."),
@@ -255,7 +256,7 @@ func desc(name, help string) *prometheus.Desc {
 
 func (c *coreCollector) Describe(ch chan<- *prometheus.Desc) {
 	d := coreDescs
-	for _, x := range []*prometheus.Desc{d.grants, d.grantedTokens, d.refillDenials, d.itemFailures, d.acquires,
+	for _, x := range []*prometheus.Desc{d.grants, d.grantedTokens, d.refillDenials, d.itemFailures, d.acquires, d.resends,
 		d.returns, d.returnedTokens, d.creditedTokens, d.lostTokens, d.skippedReturns, d.skippedTokens, d.expiries, d.evictions, d.degraded, d.shadow,
 		d.mismatches, d.outstanding, d.keys, d.inflight, d.queuedRefills, d.queuedReturns} {
 		ch <- x
@@ -276,6 +277,7 @@ func (c *coreCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(d.refillDenials, float64(s.Denials.Load()))
 	counter(d.itemFailures, float64(s.ItemFailures.Load()))
 	counter(d.acquires, float64(s.Acquires.Load()))
+	counter(d.resends, float64(s.Resends.Load()))
 	counter(d.returns, float64(s.Returns.Load()))
 	counter(d.returnedTokens, tokens(s.ReturnedMicro.Load()))
 	counter(d.creditedTokens, tokens(s.CreditedMicro.Load()))

@@ -5,6 +5,9 @@ import (
 	"math/bits"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
 	"github.com/leasebucket/leasebucket/internal/lease"
@@ -32,6 +35,7 @@ type Refill struct {
 	Req     *coordinatorv1.AcquireRequest
 	entries []*entry
 	sentAt  clock.Nanos
+	resend  bool // the seq and send time of an earlier call whose outcome was unknown
 }
 
 // NextAcquire builds the next Acquire from the queued refills (at most MaxBatch keys), or returns
@@ -51,6 +55,13 @@ func (l *Limiter) NextAcquire(now clock.Nanos) *Refill {
 		Req:     &coordinatorv1.AcquireRequest{AgentId: l.cfg.AgentID, PolicyVersion: v.set.Version()},
 		entries: batch[:0],
 		sentAt:  now,
+	}
+	if seq, sentAt, rest := l.resendable(batch); seq != 0 {
+		batch, r.Req.Seq, r.sentAt, r.resend = batch[:len(batch)-len(rest)], seq, sentAt, true
+		r.entries = batch[:0]
+		l.qmu.Lock()
+		l.queue = append(rest, l.queue...)
+		l.qmu.Unlock()
 	}
 	for _, e := range batch {
 		if e.view != v || e.dead.Load() || v.closed.Load() {
@@ -105,9 +116,50 @@ func (l *Limiter) NextAcquire(now clock.Nanos) *Refill {
 	if len(r.entries) == 0 {
 		return nil
 	}
-	r.Req.Seq = l.seq.Add(1)
+	if r.resend {
+		l.stats.Resends.Add(1)
+	} else {
+		r.Req.Seq = l.seq.Add(1)
+	}
 	l.stats.Acquires.Add(1)
 	return r
+}
+
+// resendable finds, among the queued entries of batch, those whose last Acquire failed with an
+// unknown outcome, and picks the oldest such seq. It reorders batch in place: the entries of
+// that seq first, the others (returned as rest, to go back to the head of the queue) after.
+// With no such entry, seq is 0 and batch is unchanged.
+//
+// Sending the seq again, before any newer Acquire of those keys, lets the coordinator answer the
+// items Redis applied from their idempotency records (a newer seq would replace them), so no
+// granted token is stranded by a lost answer. The lease is measured from the first send: a
+// grant that is too old to use is handed straight back (grantLocked), so the admission bound
+// holds as if the first answer had come.
+func (l *Limiter) resendable(batch []*entry) (seq uint64, sentAt clock.Nanos, rest []*entry) {
+	lost := make([]uint64, len(batch))
+	for i, e := range batch {
+		e.mu.Lock()
+		if e.fail != nil && e.fail.lostSeq != 0 && (seq == 0 || e.fail.lostSeq < seq) {
+			seq, sentAt = e.fail.lostSeq, e.fail.lostSentAt
+		}
+		if e.fail != nil {
+			lost[i] = e.fail.lostSeq
+		}
+		e.mu.Unlock()
+	}
+	if seq == 0 {
+		return 0, 0, nil
+	}
+	keep := batch[:0]
+	for i, e := range batch {
+		if lost[i] == seq {
+			keep = append(keep, e)
+		} else {
+			rest = append(rest, e)
+		}
+	}
+	copy(batch[len(keep):], rest)
+	return seq, sentAt, batch[len(keep):]
 }
 
 // sampleDemandLocked updates the entry's demand estimate (µ per second) from what it consumed
@@ -199,7 +251,7 @@ func (l *Limiter) ApplyAcquire(now clock.Nanos, r *Refill, resp *coordinatorv1.A
 		err = errors.New("agent: acquire answered a different number of items")
 	}
 	var mismatch error
-	if err == nil {
+	if err == nil && !r.resend {
 		l.observeRTT(now - r.sentAt)
 	}
 	if err != nil {
@@ -208,10 +260,12 @@ func (l *Limiter) ApplyAcquire(now clock.Nanos, r *Refill, resp *coordinatorv1.A
 			l.stats.PolicyMismatch.Add(1)
 			mismatch = ErrUnknownPolicy
 		}
+		unknown := mayHaveApplied(err)
 		for _, e := range r.entries {
 			e.mu.Lock()
 			e.inflight = false
 			l.failLocked(now, e)
+			e.fail.setLost(r, unknown)
 			e.mu.Unlock()
 		}
 		return mismatch
@@ -220,6 +274,11 @@ func (l *Limiter) ApplyAcquire(now clock.Nanos, r *Refill, resp *coordinatorv1.A
 		res := resp.Results[i]
 		e.mu.Lock()
 		e.inflight = false
+		if e.fail != nil {
+			// Answered: the coordinator's record of this seq is what it says (an item the store
+			// may have applied without answering is the one exception, below).
+			e.fail.setLost(r, false)
+		}
 		switch res.Status {
 		case coordinatorv1.Status_STATUS_OK:
 			l.grantLocked(now, r, e, res)
@@ -243,6 +302,8 @@ func (l *Limiter) ApplyAcquire(now clock.Nanos, r *Refill, resp *coordinatorv1.A
 		default: // STATUS_STORE_UNAVAILABLE, STATUS_INVALID, unknown
 			l.stats.ItemFailures.Add(1)
 			l.failLocked(now, e)
+			// A store that timed out may still have applied the item.
+			e.fail.setLost(r, res.Status == coordinatorv1.Status_STATUS_STORE_UNAVAILABLE)
 		}
 		e.refilling.Store(false)
 		e.wakeLocked()
@@ -309,6 +370,32 @@ func (l *Limiter) failLocked(now clock.Nanos, e *entry) {
 	e.fail.until = now + clock.Of(min(d, maxFailureBackoff))
 	e.refilling.Store(false)
 	e.wakeLocked()
+}
+
+// setLost records r as the entry's Acquire of unknown outcome, or clears the record when the
+// outcome is known. A resent seq that fails again keeps its first send time.
+func (f *fails) setLost(r *Refill, unknown bool) {
+	switch {
+	case !unknown:
+		f.lostSeq, f.lostSentAt = 0, 0
+	case f.lostSeq == 0:
+		f.lostSeq, f.lostSentAt = r.Req.Seq, r.sentAt
+	}
+}
+
+// mayHaveApplied reports whether an Acquire that failed with err may have been applied by the
+// store: every failure but the coordinator's own refusals (invalid request, unknown policy,
+// credentials) and the Limiter's closing.
+func mayHaveApplied(err error) bool {
+	if errors.Is(err, ErrClosed) {
+		return false
+	}
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied, codes.Unauthenticated,
+		codes.Unimplemented, codes.NotFound, codes.ResourceExhausted:
+		return false
+	}
+	return true
 }
 
 func isUnknownVersion(err error) bool {

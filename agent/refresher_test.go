@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/leasebucket/leasebucket/agent"
+	"github.com/leasebucket/leasebucket/internal/bucket"
 )
 
 // TestRefillBatching: a thousand keys wanting a refill at once, with a slow coordinator, travel in
@@ -111,5 +112,47 @@ default:
 	values := metricValues(t, s.reg)
 	if n, tok := values["leasebucket_agent_lease_skipped_returns_total"], values["leasebucket_agent_lease_skipped_tokens_total"]; n != 1 || tok != 4 {
 		t.Fatalf("exported %v skipped returns of %v tokens, want 1 of 4", n, tok)
+	}
+}
+
+// TestLostAnswerIsResent: Acquires the store applied but whose answers never came (every retry
+// too) strand nothing: the key's next refill sends the same seq again, the coordinator answers
+// it from its record, and every token debited in the global bucket is spent or returned.
+func TestLostAnswerIsResent(t *testing.T) {
+	s := newStack(t, loadPolicy(t, examplePolicy), stackOptions{callTimeout: 50 * time.Millisecond, maxWait: 200 * time.Millisecond})
+	q := agent.Query{Tenant: "acme", Path: "/orders/7", Operation: "GET"} // orders-read: 100/minute, burst 20
+	s.coord.setFault(lostAnswers)
+	if v, err := s.srv.Decide(ctxTimeout(t, 5*time.Second), q); err != nil || v.Outcome == agent.Allow {
+		t.Fatalf("Decide while answers are lost = %s, %v; want the failure mode", show(v), err)
+	}
+	full := bucket.Micro(20) * bucket.PerToken
+	debited := full - s.level(t, q.Path, q.Operation, q.Tenant)
+	if debited <= 0 {
+		t.Fatal("the lost Acquire debited nothing: the test shows nothing")
+	}
+	first := s.coord.acquireSeqs()[0]
+	s.coord.setFault(healthy)
+	var allowed int64
+	eventually(t, 5*time.Second, "an allow once answers arrive", func() bool {
+		v, err := s.srv.Decide(ctxTimeout(t, 5*time.Second), q)
+		if err == nil && v.Outcome == agent.Allow {
+			allowed++
+			return true
+		}
+		return false
+	})
+	seqs := s.coord.acquireSeqs()
+	if last := seqs[len(seqs)-1]; last != first || s.lim.Stats().Resends.Load() == 0 {
+		t.Fatalf("Acquire seqs %v: want the lost seq %d sent again", seqs, first)
+	}
+	// The replayed grant is the agent's lease: nothing more was debited for the allow.
+	if now := full - s.level(t, q.Path, q.Operation, q.Tenant); now != debited {
+		t.Fatalf("debited %d µ after the resend, %d before: the resend was charged again", now, debited)
+	}
+	s.stop(t)
+	// Shut down, the agent returned its lease: the bucket lacks exactly what was allowed.
+	if left := s.level(t, q.Path, q.Operation, q.Tenant); left != full-bucket.Micro(allowed)*bucket.PerToken {
+		t.Fatalf("bucket at %d µ after shutdown, want %d: %d µ stranded", left, full-bucket.Micro(allowed)*bucket.PerToken,
+			full-bucket.Micro(allowed)*bucket.PerToken-left)
 	}
 }

@@ -65,6 +65,7 @@ const (
 	hang              // no answer until the call's deadline
 	hangOnce          // the next Acquire hangs, later ones are served
 	slow              // every call takes slowCall
+	lostAnswers       // Acquires are applied, but their answers are lost (the call times out)
 )
 
 // slowCall is how long a call takes under the slow fault.
@@ -128,6 +129,12 @@ func (c *testCoordinator) Acquire(ctx context.Context, req *coordinatorv1.Acquir
 	defer c.leave()
 	if err := c.injected(ctx, true); err != nil {
 		return nil, err
+	}
+	if fault(c.fault.Load()) == lostAnswers {
+		if _, err := c.svc.Acquire(ctx, req); err != nil {
+			return nil, err
+		}
+		return nil, status.Error(codes.DeadlineExceeded, "the answer was lost")
 	}
 	return c.svc.Acquire(ctx, req)
 }
