@@ -423,7 +423,7 @@ func (r *runner) stopAll() (agents, coordinators map[string]float64) {
 
 var agentTotals = []string{"decisions_total", "degraded_admissions_total", "lease_grants_total", "lease_granted_tokens_total",
 	"lease_returns_total", "lease_returned_tokens_total", "lease_credited_tokens_total", "tokens_lost_total",
-	"lease_expiries_total", "evictions_total", "acquire_calls_total", "idempotent_replays_total", "invalid_checks_total"}
+	"lease_expiries_total", "evictions_total", "acquire_calls_total", "acquire_resends_total", "idempotent_replays_total", "invalid_checks_total"}
 
 var coordinatorTotals = []string{"grants_total", "granted_tokens_total", "returns_total", "returned_tokens_total",
 	"replays_total", "store_errors_total", "redis_round_trips_total"}
