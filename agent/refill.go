@@ -136,23 +136,29 @@ func (l *Limiter) NextAcquire(now clock.Nanos) *Refill {
 // grant that is too old to use is handed straight back (grantLocked), so the admission bound
 // holds as if the first answer had come.
 func (l *Limiter) resendable(batch []*entry) (seq uint64, sentAt clock.Nanos, rest []*entry) {
-	lost := make([]uint64, len(batch))
-	for i, e := range batch {
+	lostSeq := func(e *entry) uint64 {
 		e.mu.Lock()
-		if e.fail != nil && e.fail.lostSeq != 0 && (seq == 0 || e.fail.lostSeq < seq) {
-			seq, sentAt = e.fail.lostSeq, e.fail.lostSentAt
+		defer e.mu.Unlock()
+		if e.fail == nil {
+			return 0
 		}
-		if e.fail != nil {
-			lost[i] = e.fail.lostSeq
+		return e.fail.lostSeq
+	}
+	for _, e := range batch {
+		if s := lostSeq(e); s != 0 && (seq == 0 || s < seq) {
+			e.mu.Lock()
+			seq, sentAt = s, e.fail.lostSentAt
+			e.mu.Unlock()
 		}
-		e.mu.Unlock()
 	}
 	if seq == 0 {
-		return 0, 0, nil
+		return 0, 0, nil // the usual case: no allocation
 	}
+	// Queued entries are not in flight, so nothing changes lostSeq between the two readings; an
+	// entry whose seq did change would only wait for the next call.
 	keep := batch[:0]
-	for i, e := range batch {
-		if lost[i] == seq {
+	for _, e := range batch {
+		if lostSeq(e) == seq {
 			keep = append(keep, e)
 		} else {
 			rest = append(rest, e)
