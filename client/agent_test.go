@@ -127,8 +127,8 @@ func TestRealAgentCardExample(t *testing.T) {
 	}
 }
 
-// TestRealAgentIdempotency: a repeat of an idempotency key gets the first decision without
-// being charged, on both paths.
+// TestRealAgentIdempotency: the client sends the idempotency key and reports a repeat as
+// replayed, with the first decision, on both paths.
 func TestRealAgentIdempotency(t *testing.T) {
 	socket := startAgent(t)
 	for _, unary := range []bool{true, false} {
@@ -148,8 +148,11 @@ func TestRealAgentIdempotency(t *testing.T) {
 		if first.Replayed || !again.Replayed || other.Replayed {
 			t.Errorf("unary=%v: replayed %v, %v, %v; want only the repeat replayed", unary, first.Replayed, again.Replayed, other.Replayed)
 		}
-		if again.Remaining != first.Remaining || other.Remaining != first.Remaining-1 {
-			t.Errorf("unary=%v: remaining %d, %d, %d; want the repeat not charged", unary, first.Remaining, again.Remaining, other.Remaining)
+		// The repeat is the first answer; a fresh key is charged. (Remaining is the agent's
+		// estimate, which a refill landing in between moves on a real clock: the exact charge is
+		// the agent's TestIdempotentRepeats, on a store whose clock stands still.)
+		if again.Remaining != first.Remaining || other.Remaining >= first.Remaining {
+			t.Errorf("unary=%v: remaining %d, %d, %d; want the repeat's the same as the first, then less", unary, first.Remaining, again.Remaining, other.Remaining)
 		}
 	}
 }
