@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/leasebucket/leasebucket/httplimit"
+	"github.com/leasebucket/leasebucket/internal/proctest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -157,7 +157,7 @@ func TestRunWithoutAgent(t *testing.T) {
 	}))
 	defer up.Close()
 	tokens := writeFile(t, "tokens", "tok-acme acme\n")
-	stderr := &syncBuffer{}
+	stderr := &proctest.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -199,7 +199,7 @@ func TestRunWithoutAgent(t *testing.T) {
 }
 
 // waitAddr reads the gateway's "gateway serving" log line for its address.
-func waitAddr(t *testing.T, stderr *syncBuffer) string {
+func waitAddr(t *testing.T, stderr *proctest.Buffer) string {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
@@ -214,21 +214,4 @@ func waitAddr(t *testing.T, stderr *syncBuffer) string {
 	}
 	t.Fatalf("gateway not serving:\n%s", stderr)
 	return ""
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
