@@ -3,10 +3,8 @@ package chaos_test
 import (
 	"context"
 	"flag"
-	"os"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/chaos"
+	"github.com/leasebucket/leasebucket/internal/proctest"
 	"github.com/leasebucket/leasebucket/internal/redistest"
 )
 
@@ -34,33 +33,17 @@ func maxKeys(def int) int {
 	return def
 }
 
-var (
-	binDir string
-	build  = sync.OnceValues(func() (chaos.Binaries, error) {
-		var err error
-		if binDir, err = os.MkdirTemp("", "chaos-bin"); err != nil {
-			return chaos.Binaries{}, err
-		}
-		return chaos.Build(binDir)
-	})
-)
+// bins are the processes a run starts, built once per test binary.
+var bins = proctest.NewBinaries(map[string]string{"agent": "../../cmd/agent", "coordinator": "../../cmd/coordinator"})
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) {
-		if binDir != "" {
-			_ = os.RemoveAll(binDir)
-		}
-	}))
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { bins.Remove() }))
 }
 
 func binaries(t *testing.T) chaos.Binaries {
 	t.Helper()
 	redistest.Require(t)
-	b, err := build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return chaos.Binaries{Agent: bins.Path(t, "agent"), Coordinator: bins.Path(t, "coordinator")}
 }
 
 // shortLoad is the load of the short form: about 500 checks a second over three agents, the hot

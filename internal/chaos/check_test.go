@@ -290,18 +290,3 @@ func TestGrowth(t *testing.T) {
 		}
 	}
 }
-
-func TestKeySlot(t *testing.T) {
-	for key, want := range map[string]int64{
-		"123456789":                    12739, // CRC16/XMODEM check value 0x31C3
-		"foo":                          12182,
-		"{user1000}.following":         3443,
-		"user1000":                     3443,
-		"{}x":                          10595, // an empty tag: the whole key
-		"lb1:hot|/hot|read|edc7c26b7f": 7559,  // answers of redis-server's CLUSTER KEYSLOT
-	} {
-		if got := KeySlot(key); got != want {
-			t.Errorf("KeySlot(%q) = %d, want %d", key, got, want)
-		}
-	}
-}

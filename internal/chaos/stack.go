@@ -3,11 +3,9 @@ package chaos
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -45,46 +43,9 @@ const (
 	readyTimeout = 30 * time.Second
 )
 
-// Binaries are the programs a run starts.
+// Binaries are the programs a run starts (the tests build them with proctest.Binaries).
 type Binaries struct {
 	Agent, Coordinator string
-}
-
-// Build compiles cmd/agent and cmd/coordinator of the module that holds the working directory into
-// dir.
-func Build(dir string) (Binaries, error) {
-	root, err := moduleRoot()
-	if err != nil {
-		return Binaries{}, err
-	}
-	b := Binaries{Agent: filepath.Join(dir, "agent"), Coordinator: filepath.Join(dir, "coordinator")}
-	for out, pkg := range map[string]string{b.Agent: "./cmd/agent", b.Coordinator: "./cmd/coordinator"} {
-		cmd := exec.Command("go", "build", "-o", out, pkg)
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return Binaries{}, fmt.Errorf("chaos: go build %s: %w\n%s", pkg, err, out)
-		}
-	}
-	return b, nil
-}
-
-// moduleRoot is the directory of the go.mod above the working directory.
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("chaos: no go.mod above the working directory")
-		}
-		dir = parent
-	}
 }
 
 // StackConfig shapes a Stack.
@@ -281,19 +242,23 @@ func (s *Stack) shardPorts(i int) (map[int]bool, error) {
 }
 
 // NodeOf is the index of the Redis node that holds key (always 0 for a standalone Redis). For a
-// cluster it computes the key's slot and asks a live node which shard serves it.
+// cluster it asks a live node for the key's slot and the shard that serves it (nodes announce
+// their proxies' ports, so redistest's Cluster.MasterForKey cannot match them to its nodes).
 func (s *Stack) NodeOf(key string) (int, error) {
 	if !s.cfg.Cluster {
 		return 0, nil
 	}
-	slot := KeySlot(key)
 	var lastErr error
 	for i, n := range s.RedisNodes {
 		if !n.Running() {
 			continue
 		}
 		c := redis.NewClient(n.Options())
-		shards, err := c.ClusterShards(context.Background()).Result()
+		slot, err := c.ClusterKeySlot(context.Background(), key).Result()
+		var shards []redis.ClusterShard
+		if err == nil {
+			shards, err = c.ClusterShards(context.Background()).Result()
+		}
 		_ = c.Close()
 		if err != nil {
 			lastErr = err
