@@ -26,11 +26,11 @@ test: redis ## Format check, go vet and the whole suite under the race detector,
 
 .PHONY: chaos
 chaos: redis ## Chaos harness on real processes: every fault on a standalone Redis and a Redis Cluster, and a broken grant rule caught; report in out/chaos.
-	$(GO) test -count=1 -timeout 20m -v -run 'TestChaos|TestOverGrantingRuleIsCaught' ./internal/chaos -chaos.full -chaos.out $(CURDIR)/out/chaos
+	$(GO) test -count=1 -timeout 20m -v -run 'TestChaos|TestOverGrantingRuleIsCaught' ./internal/testkit/chaos -chaos.full -chaos.out $(CURDIR)/out/chaos
 
 .PHONY: soak
 soak: redis ## Soak: steady load and small faults for SOAK (default 30m); no process may grow; report in out/chaos/soak.
-	$(GO) test -count=1 -timeout $${SOAK_TIMEOUT:-2h} -v -run TestSoak ./internal/chaos -chaos.soak $${SOAK:-30m} -chaos.out $(CURDIR)/out/chaos
+	$(GO) test -count=1 -timeout $${SOAK_TIMEOUT:-2h} -v -run TestSoak ./internal/testkit/chaos -chaos.soak $${SOAK:-30m} -chaos.out $(CURDIR)/out/chaos
 
 .PHONY: run
 run: ## Run a local stack (coordinator on its in-memory store, agent, gateway on :8080, upstream) with examples/policy.yaml; Ctrl-C stops it.

@@ -1,7 +1,7 @@
 package agent
 
 import (
-	"github.com/leasebucket/leasebucket/internal/audit"
+	"github.com/leasebucket/leasebucket/agent/audit"
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
 )

@@ -11,7 +11,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/leasebucket/leasebucket/agent"
-	"github.com/leasebucket/leasebucket/internal/audit"
+	"github.com/leasebucket/leasebucket/agent/audit"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
 

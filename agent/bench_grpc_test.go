@@ -20,9 +20,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/leasebucket/leasebucket/agent"
+	"github.com/leasebucket/leasebucket/agent/audit"
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/memstore"
-	"github.com/leasebucket/leasebucket/internal/audit"
 	"github.com/leasebucket/leasebucket/internal/clock"
 	"github.com/leasebucket/leasebucket/policy"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"

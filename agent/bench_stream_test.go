@@ -12,7 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/leasebucket/leasebucket/internal/audit"
+	"github.com/leasebucket/leasebucket/agent/audit"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
 

@@ -19,9 +19,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/leasebucket/leasebucket/agent"
+	"github.com/leasebucket/leasebucket/agent/audit"
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/memstore"
-	"github.com/leasebucket/leasebucket/internal/audit"
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
 	"github.com/leasebucket/leasebucket/policy"

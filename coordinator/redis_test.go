@@ -16,7 +16,7 @@ import (
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/redisstore"
 	"github.com/leasebucket/leasebucket/internal/bucket"
-	"github.com/leasebucket/leasebucket/internal/redistest"
+	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
 	"github.com/leasebucket/leasebucket/policy"
 	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
 )

@@ -4,7 +4,7 @@
 //	                    └─▶ upstream (a test server counting its calls)
 //
 // The first test that needs them builds cmd/coordinator, cmd/agent and cmd/gateway into a
-// temporary directory (internal/proctest); each test starts its own redis-server
-// (internal/redistest) and processes on free ports, with the shipped examples/policy.yaml. The
+// temporary directory (internal/testkit/proctest); each test starts its own redis-server
+// (internal/testkit/redistest) and processes on free ports, with the shipped examples/policy.yaml. The
 // package has no code of its own: `go test ./e2e` runs the suite (part of `make test`).
 package e2e

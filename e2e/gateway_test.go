@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/leasebucket/leasebucket/internal/lease"
-	"github.com/leasebucket/leasebucket/internal/proctest"
-	"github.com/leasebucket/leasebucket/internal/redistest"
+	"github.com/leasebucket/leasebucket/internal/testkit/proctest"
+	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
 	"github.com/leasebucket/leasebucket/policy"
 )
 

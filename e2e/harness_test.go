@@ -15,7 +15,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/leasebucket/leasebucket/internal/proctest"
+	"github.com/leasebucket/leasebucket/internal/testkit/proctest"
 )
 
 // bins are the commands the tests run, built on first use.

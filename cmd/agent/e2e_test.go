@@ -13,7 +13,7 @@ import (
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/lease"
-	"github.com/leasebucket/leasebucket/internal/redistest"
+	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
 

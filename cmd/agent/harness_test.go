@@ -16,14 +16,14 @@ import (
 
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/redisstore"
-	"github.com/leasebucket/leasebucket/internal/proctest"
+	"github.com/leasebucket/leasebucket/internal/testkit/proctest"
 	"github.com/leasebucket/leasebucket/policy"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
 
-// The end-to-end tests run real processes (internal/proctest): agents built from this package,
+// The end-to-end tests run real processes (internal/testkit/proctest): agents built from this package,
 // coordinators built from cmd/coordinator when it exists (otherwise coordinator.Server in process,
-// on real TCP), a real redis-server (internal/redistest). Binaries are built once per test binary.
+// on real TCP), a real redis-server (internal/testkit/redistest). Binaries are built once per test binary.
 
 // hasCoordinator: cmd/coordinator exists, and its binary runs the coordinators.
 var hasCoordinator = fileExists("../coordinator/main.go")

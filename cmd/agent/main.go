@@ -31,8 +31,8 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/leasebucket/leasebucket/agent"
+	"github.com/leasebucket/leasebucket/agent/audit"
 	"github.com/leasebucket/leasebucket/coordinator"
-	"github.com/leasebucket/leasebucket/internal/audit"
 	"github.com/leasebucket/leasebucket/internal/cli"
 	"github.com/leasebucket/leasebucket/internal/clock"
 	"github.com/leasebucket/leasebucket/internal/tlsconfig"

@@ -26,7 +26,7 @@ import (
 
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/internal/bucket"
-	"github.com/leasebucket/leasebucket/internal/proctest"
+	"github.com/leasebucket/leasebucket/internal/testkit/proctest"
 	"github.com/leasebucket/leasebucket/internal/tlsconfig"
 	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
 )

@@ -16,8 +16,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/leasebucket/leasebucket/internal/proctest"
-	"github.com/leasebucket/leasebucket/internal/redistest"
+	"github.com/leasebucket/leasebucket/internal/testkit/proctest"
+	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
 	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
 )
 

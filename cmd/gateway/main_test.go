@@ -17,7 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/leasebucket/leasebucket/httplimit"
-	"github.com/leasebucket/leasebucket/internal/proctest"
+	"github.com/leasebucket/leasebucket/internal/testkit/proctest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

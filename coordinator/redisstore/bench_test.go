@@ -10,7 +10,7 @@ import (
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/redisstore"
 	"github.com/leasebucket/leasebucket/internal/bucket"
-	"github.com/leasebucket/leasebucket/internal/redistest"
+	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
 )
 
 // benchStore is a Store on a fresh redis-server with the script loaded, and a counter of its

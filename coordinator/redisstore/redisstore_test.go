@@ -19,7 +19,7 @@ import (
 	"github.com/leasebucket/leasebucket/coordinator/redisstore"
 	"github.com/leasebucket/leasebucket/coordinator/storetest"
 	"github.com/leasebucket/leasebucket/internal/bucket"
-	"github.com/leasebucket/leasebucket/internal/redistest"
+	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
 )
 
 var _ coordinator.Store = (*redisstore.Store)(nil)

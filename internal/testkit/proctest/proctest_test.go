@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasebucket/leasebucket/internal/proctest"
+	"github.com/leasebucket/leasebucket/internal/testkit/proctest"
 )
 
 // bins holds testdata/child, the process the tests start.

@@ -15,7 +15,7 @@ import (
 	"go.uber.org/goleak"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/leasebucket/leasebucket/internal/audit"
+	"github.com/leasebucket/leasebucket/agent/audit"
 	"github.com/leasebucket/leasebucket/internal/clock"
 	"github.com/leasebucket/leasebucket/policy"
 )

@@ -2,7 +2,7 @@
 // processes under load and faults: never more than the budget, nothing lost beyond the stated
 // bound, always the route's failure behaviour, no leaks over time, clear errors for bad input.
 //
-// A run (Run) starts a Redis (standalone or a 3-master Cluster, internal/redistest), coordinator
+// A run (Run) starts a Redis (standalone or a 3-master Cluster, internal/testkit/redistest), coordinator
 // and agent processes built from cmd/coordinator and cmd/agent, and a TCP Proxy in front of every
 // Redis node and every coordinator, so faults can slow, hang or cut each path. Load generators
 // call the agents over their Unix sockets (native API and Envoy's) for a hot key, skewed cold

@@ -23,8 +23,8 @@ import (
 
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/redisstore"
-	"github.com/leasebucket/leasebucket/internal/proctest"
-	"github.com/leasebucket/leasebucket/internal/redistest"
+	"github.com/leasebucket/leasebucket/internal/testkit/proctest"
+	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
 )

@@ -12,9 +12,9 @@ import (
 
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/internal/bucket"
-	"github.com/leasebucket/leasebucket/internal/chaos"
-	"github.com/leasebucket/leasebucket/internal/proctest"
-	"github.com/leasebucket/leasebucket/internal/redistest"
+	"github.com/leasebucket/leasebucket/internal/testkit/chaos"
+	"github.com/leasebucket/leasebucket/internal/testkit/proctest"
+	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
 )
 
 var (

@@ -16,7 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
-	"github.com/leasebucket/leasebucket/internal/redistest"
+	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
