@@ -602,10 +602,10 @@ func (p *parser) envoy(n *yaml.Node) Envoy {
 }
 
 var ruleFields = []string{"name", "description", "routes", "operations", "limit", "burst", "cost", "scope",
-	"regions", "on_failure", "retry_after_on_failure", "emergency", "shadow", "headers", "overrides"}
+	"regions", "on_failure", "retry_after_on_failure", "emergency", "shadow", "headers", "lease", "overrides"}
 
 var defaultRuleFields = []string{"description", "limit", "burst", "cost", "scope",
-	"regions", "on_failure", "retry_after_on_failure", "emergency", "shadow", "headers", "overrides"}
+	"regions", "on_failure", "retry_after_on_failure", "emergency", "shadow", "headers", "lease", "overrides"}
 
 // quotaCheck is an effective quota the rule's costs and emergency bucket are checked against.
 type quotaCheck struct {
@@ -726,6 +726,23 @@ func (p *parser) rule(s *Set, n *yaml.Node, path string, isDefault bool) *ruleSr
 	}
 	if v := f.get("headers"); v != nil {
 		r.Headers, _ = p.boolean(v, join(path, "headers"))
+	}
+	if v := f.get("lease"); v != nil {
+		// on/off as written in the docs; true/false as YAML spells a switch.
+		fp := join(path, "lease")
+		if v.Tag == "!!bool" {
+			on, _ := p.boolean(v, fp)
+			r.Direct = !on
+		} else if m, ok := p.str(v, fp); ok {
+			switch m {
+			case "on":
+				r.Direct = false
+			case "off":
+				r.Direct = true
+			default:
+				p.errf(v.Line, fp, "%q must be on or off", m)
+			}
+		}
 	}
 
 	// Costs, by operation entry.
@@ -1294,7 +1311,7 @@ func digest(s *Set) string {
 		if r.Emergency != nil {
 			fmt.Fprintf(&b, " emergency %s", q(*r.Emergency))
 		}
-		fmt.Fprintf(&b, "\n shadow %t headers %t\n", r.Shadow, r.Headers)
+		fmt.Fprintf(&b, "\n shadow %t headers %t direct %t\n", r.Shadow, r.Headers, r.Direct)
 		fmt.Fprintf(&b, " cost %d\n", r.cost)
 		for _, op := range sortedKeys(r.costs) {
 			fmt.Fprintf(&b, " cost %q %d\n", op, r.costs[op])

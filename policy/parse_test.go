@@ -134,7 +134,7 @@ func TestInvalid(t *testing.T) {
     limit: 10/minute
     brust: 5
 `, []string{
-			`test.yaml:9: rules[0].brust: unknown field (did you mean "burst"?); known fields: name, description, routes, operations, limit, burst, cost, scope, regions, on_failure, retry_after_on_failure, emergency, shadow, headers, overrides`,
+			`test.yaml:9: rules[0].brust: unknown field (did you mean "burst"?); known fields: name, description, routes, operations, limit, burst, cost, scope, regions, on_failure, retry_after_on_failure, emergency, shadow, headers, lease, overrides`,
 		}},
 		{"unknown top-level field and missing sections", `rulez: []
 `, []string{
@@ -247,12 +247,14 @@ func TestInvalid(t *testing.T) {
     limit: 10/minute
     on_failure: maybe
     retry_after_on_failure: 2h
+    lease: maybe
 `, []string{
 			`test.yaml:8: rules[0].emergency: only used with on_failure: emergency; this rule fails closed (deny)`,
 			`test.yaml:9: rules[1].emergency: required with on_failure: emergency (the local emergency bucket's limit and burst)`,
 			`test.yaml:14: rules[1].retry_after_on_failure: applies only to on_failure: deny (an empty emergency bucket answers 429 with its own Retry-After)`,
 			`test.yaml:19: rules[2].on_failure: "maybe" must be deny or emergency`,
 			`test.yaml:20: rules[2].retry_after_on_failure: 2h0m0s is longer than 1h0m0s`,
+			`test.yaml:21: rules[2].lease: "maybe" must be on or off`,
 		}},
 		{"regional slices do not sum up", header + `  - name: r
     routes: [/a]
@@ -475,7 +477,7 @@ default: {limit: 10/minute, name: d}
 			`test.yaml:8: operations[Export]: named operation "Export" must match ^[a-z][a-z0-9_.-]{0,63}$`,
 			`test.yaml:11: envoy: tenant_key, route_key and operation_key must be different descriptor keys (got "x", "x", "method")`,
 			`test.yaml:14: envoy.colour: unknown field; known fields: domain, tenant_key, route_key, operation_key`,
-			`test.yaml:15: default.name: unknown field; known fields: description, limit, burst, cost, scope, regions, on_failure, retry_after_on_failure, emergency, shadow, headers, overrides`,
+			`test.yaml:15: default.name: unknown field; known fields: description, limit, burst, cost, scope, regions, on_failure, retry_after_on_failure, emergency, shadow, headers, lease, overrides`,
 		}},
 		{"types", header + `  - name: [r]
     routes: /a
@@ -627,5 +629,25 @@ func TestErrorsAreBounded(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("parsing took %v", d)
+	}
+}
+
+func TestLeaseSwitch(t *testing.T) {
+	for _, tc := range []struct {
+		value  string
+		direct bool
+	}{{"", false}, {"on", false}, {"off", true}, {"true", false}, {"false", true}} {
+		src := "version: v1\nrules:\n  - name: r\n    routes: [/a]\n    operations: [read]\n    limit: 10/s\n"
+		if tc.value != "" {
+			src += "    lease: " + tc.value + "\n"
+		}
+		src += "default: {limit: 1/s}\n"
+		s, err := Parse("test.yaml", []byte(src))
+		if err != nil {
+			t.Fatalf("lease: %q: %v", tc.value, err)
+		}
+		if got := s.Rule("r").Direct; got != tc.direct {
+			t.Errorf("lease: %q: Direct = %t, want %t", tc.value, got, tc.direct)
+		}
 	}
 }

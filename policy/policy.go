@@ -130,6 +130,9 @@ type Rule struct {
 
 	Shadow  bool // evaluate and report, never deny
 	Headers bool // expose IETF RateLimit / RateLimit-Policy headers
+	// Direct is lease: off: every check is one atomic take of its cost in the global bucket, no
+	// lease is kept (admission bound C + r·w, exact per request).
+	Direct bool
 
 	cost      int64            // the cost of entries not in costs (default 1)
 	costs     map[string]int64 // by operation entry
