@@ -206,7 +206,7 @@ type Result struct {
 // serves a single request (want == least == cost) and a lease (least = one request's cost).
 // Preconditions: 1 <= least <= want.
 func (s *State) Take(l Limit, now Millis, want, least Micro) Result {
-	return s.TakeShare(l, now, want, least, WholeShare)
+	return s.TakeShare(l, now, want, least, WholeShare, 1)
 }
 
 // WholeShare is the share (in permille) that does not cap a grant.
@@ -214,17 +214,24 @@ const WholeShare = 1000
 
 // TakeShare is Take with the grant also capped at share‰ of the tokens available, but never below
 // least: one lease cannot drain a bucket that other agents need, and when the bucket runs low the
-// grant shrinks to least (one request's cost). Preconditions: 1 <= least <= want; 1 <= share <= 1000.
-func (s *State) TakeShare(l Limit, now Millis, want, least Micro, share int64) Result {
+// grant shrinks to least (one request's cost). A grant cut below want — by the share or by what
+// the bucket holds — is rounded down to a multiple of unit (one request's cost), never below
+// least, so a lease holds whole requests and is spent to zero.
+// Preconditions: 1 <= least <= want; 1 <= share <= 1000; unit >= 1.
+func (s *State) TakeShare(l Limit, now Millis, want, least Micro, share int64, unit Micro) Result {
 	s.Refill(l, now)
+	capped := want
 	if share < WholeShare {
 		// tokens*share split as in added: tokens/1000*share + (tokens%1000)*share/1000, each < 2^53.
 		part := Micro(int64(s.Tokens)/WholeShare*share + int64(s.Tokens)%WholeShare*share/WholeShare)
-		want = min(want, max(least, part))
+		capped = min(want, max(least, part))
 	}
 	switch {
 	case s.Tokens >= least:
-		g := min(want, s.Tokens)
+		g := min(capped, s.Tokens)
+		if g < want && unit > 1 {
+			g = max(least, g-g%unit)
+		}
 		s.Tokens -= g
 		return Result{Granted: g, Remaining: s.Tokens}
 	case least > l.capacity || l.num == 0:

@@ -40,7 +40,11 @@ func TestDataDriven(t *testing.T) {
 				if d.HasArg("share") {
 					share = micros(t, d, "share")
 				}
-				r := s.TakeShare(l, Millis(micros(t, d, "now")), Micro(micros(t, d, "want")), Micro(micros(t, d, "min")), share)
+				unit := int64(1)
+				if d.HasArg("unit") {
+					unit = micros(t, d, "unit")
+				}
+				r := s.TakeShare(l, Millis(micros(t, d, "now")), Micro(micros(t, d, "want")), Micro(micros(t, d, "min")), share, Micro(unit))
 				return fmt.Sprintf("granted=%s remaining=%s retry=%s", tok(r.Granted), tok(r.Remaining), ms(r.RetryAfter))
 			case "return":
 				r := s.Return(l, Millis(micros(t, d, "now")), Micro(micros(t, d, "amount")), Millis(micros(t, d, "granted_at")))

@@ -50,7 +50,7 @@ func ceilQuo(a, b *big.Int) *big.Int {
 	return q
 }
 
-func (r *ref) take(now, want, least, share int64) Result {
+func (r *ref) take(now, want, least, share, unit int64) Result {
 	r.refill(now)
 	w := big.NewInt(want)
 	if share < WholeShare {
@@ -64,9 +64,15 @@ func (r *ref) take(now, want, least, share int64) Result {
 		}
 	}
 	if r.tokens.Cmp(big.NewInt(least)) >= 0 {
-		g := w
+		g := new(big.Int).Set(w)
 		if r.tokens.Cmp(g) < 0 {
-			g = new(big.Int).Set(r.tokens)
+			g.Set(r.tokens)
+		}
+		if g.Cmp(big.NewInt(want)) < 0 {
+			g.Sub(g, new(big.Int).Mod(g, big.NewInt(unit)))
+			if g.Cmp(big.NewInt(least)) < 0 {
+				g.SetInt64(least)
+			}
 		}
 		r.tokens.Sub(r.tokens, g)
 		return Result{Granted: Micro(g.Int64()), Remaining: Micro(r.tokens.Int64())}
@@ -134,9 +140,10 @@ func FuzzArithmetic(f *testing.F) {
 			case 0:
 				least := 1 + int64(v>>8)%max(1, amt)
 				share := 1 + int64(v>>40)%WholeShare
-				got := s.TakeShare(l, Millis(now), Micro(amt), Micro(least), share)
-				if want := r.take(now, amt, least, share); got != want {
-					t.Fatalf("TakeShare(%s, now=%d, want=%d, min=%d, share=%d) = %+v, want %+v", l, now, amt, least, share, got, want)
+				unit := 1 + int64(v>>50)%max(1, least)
+				got := s.TakeShare(l, Millis(now), Micro(amt), Micro(least), share, Micro(unit))
+				if want := r.take(now, amt, least, share, unit); got != want {
+					t.Fatalf("TakeShare(%s, now=%d, want=%d, min=%d, share=%d, unit=%d) = %+v, want %+v", l, now, amt, least, share, unit, got, want)
 				}
 				if got.Granted != 0 && (got.Granted < Micro(least) || got.Granted > Micro(amt)) {
 					t.Fatalf("granted %d outside [%d, %d]", got.Granted, least, amt)
@@ -225,7 +232,7 @@ func leaseHistory(seed uint64, fullCredit bool) error {
 		now += Millis(rng.Int64N(int64(tau)/2 + 1))
 		switch rng.IntN(4) {
 		case 0, 1: // an agent takes a lease
-			res := s.TakeShare(l, now, Micro(1+rng.Int64N(capTok))*PerToken, PerToken, 1+rng.Int64N(WholeShare))
+			res := s.TakeShare(l, now, Micro(1+rng.Int64N(capTok))*PerToken, PerToken, 1+rng.Int64N(WholeShare), PerToken)
 			if res.Granted > 0 {
 				leases = append(leases, lease{unspent: res.Granted, grantedAt: s.Last})
 			}
