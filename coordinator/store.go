@@ -58,19 +58,37 @@ const (
 // TakeRequest asks key for up to Want microtokens, granting only if at least Min are available
 // (State.Take). Limit is the bucket's shape, resolved by the coordinator from its policy.
 // Share (permille, 1..1000; 0 means 1000) caps the grant at that share of the tokens available,
-// never below Min (State.TakeShare).
+// never below Min, and a grant cut below Want is rounded down to whole Units (0 means 1), never
+// below Min (State.TakeShare). Credit, if its Amount is positive, is a lease of the same key
+// handed back in the same atomic operation, credited (State.Return) before the take.
 type TakeRequest struct {
-	Key   string
-	Limit bucket.Limit
-	Want  bucket.Micro
-	Min   bucket.Micro
-	Share int64
-	Op    OpID
+	Key    string
+	Limit  bucket.Limit
+	Want   bucket.Micro
+	Min    bucket.Micro
+	Share  int64
+	Unit   bucket.Micro
+	Credit Credit
+	Op     OpID
+}
+
+// CreditOnly reports whether r only hands a lease back (Want and Min 0, a positive Credit): a
+// return riding in a batch of takes, in the same round trip.
+func (r *TakeRequest) CreditOnly() bool {
+	return r.Want == 0 && r.Min == 0 && r.Credit.Amount > 0
+}
+
+// Credit is a lease handed back: Amount unspent microtokens of a lease granted at GrantedAt.
+type Credit struct {
+	Amount    bucket.Micro
+	GrantedAt bucket.Millis
 }
 
 // TakeResult is the answer to one TakeRequest.
 type TakeResult struct {
 	bucket.Result
+	// Credited is what the request's Credit was credited (after decay and the capacity cap).
+	Credited bucket.Micro
 	// Now is the key's clock after the operation (Redis TIME, never earlier than the key's last
 	// refill): the grant time an agent echoes when it returns the lease.
 	Now      bucket.Millis
@@ -108,6 +126,7 @@ func (r *TakeRequest) Validate() error {
 		return fmt.Errorf("%w: key length %d not in 1..%d", ErrInvalidRequest, len(r.Key), MaxKey)
 	case r.Limit.Capacity() < 1:
 		return fmt.Errorf("%w: key %q has no limit", ErrInvalidRequest, r.Key)
+	case r.CreditOnly():
 	case r.Min < 1 || r.Want < r.Min:
 		return fmt.Errorf("%w: key %q wants %d µ with minimum %d µ (need 1 <= min <= want)",
 			ErrInvalidRequest, r.Key, r.Want, r.Min)
@@ -115,8 +134,23 @@ func (r *TakeRequest) Validate() error {
 		return fmt.Errorf("%w: key %q wants %d µ, above 2^52", ErrInvalidRequest, r.Key, r.Want)
 	case r.Share < 0 || r.Share > bucket.WholeShare:
 		return fmt.Errorf("%w: key %q share %d‰ not in 0..1000", ErrInvalidRequest, r.Key, r.Share)
+	case r.Unit < 0 || r.Unit > r.Limit.Capacity():
+		return fmt.Errorf("%w: key %q unit %d µ not in 0..capacity", ErrInvalidRequest, r.Key, r.Unit)
+	}
+	if err := r.Credit.validate(r.Key); err != nil {
+		return err
 	}
 	return r.Op.validate()
+}
+
+func (c Credit) validate(key string) error {
+	switch {
+	case c.Amount < 0 || c.Amount > bucket.MaxExact/2:
+		return fmt.Errorf("%w: key %q returns %d µ", ErrInvalidRequest, key, c.Amount)
+	case c.GrantedAt < 0 || c.GrantedAt > bucket.MaxExact/2:
+		return fmt.Errorf("%w: key %q returns a lease granted at %d ms", ErrInvalidRequest, key, c.GrantedAt)
+	}
+	return nil
 }
 
 // Validate checks what the arithmetic assumes; stores call it before touching a key.
@@ -126,10 +160,9 @@ func (r *ReturnRequest) Validate() error {
 		return fmt.Errorf("%w: key length %d not in 1..%d", ErrInvalidRequest, len(r.Key), MaxKey)
 	case r.Limit.Capacity() < 1:
 		return fmt.Errorf("%w: key %q has no limit", ErrInvalidRequest, r.Key)
-	case r.Amount < 0 || r.Amount > bucket.MaxExact/2:
-		return fmt.Errorf("%w: key %q returns %d µ", ErrInvalidRequest, r.Key, r.Amount)
-	case r.GrantedAt < 0 || r.GrantedAt > bucket.MaxExact/2:
-		return fmt.Errorf("%w: key %q returns a lease granted at %d ms", ErrInvalidRequest, r.Key, r.GrantedAt)
+	}
+	if err := (Credit{r.Amount, r.GrantedAt}).validate(r.Key); err != nil {
+		return err
 	}
 	return r.Op.validate()
 }

@@ -51,6 +51,7 @@ type entry struct {
 type TakeRecord struct {
 	Seq        uint64
 	Granted    bucket.Micro
+	Credited   bucket.Micro
 	Remaining  bucket.Micro
 	RetryAfter bucket.Millis
 	Now        bucket.Millis
@@ -159,6 +160,7 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 			case rec.Seq == r.Op.Seq:
 				return coordinator.TakeResult{
 					Result:   bucket.Result{Granted: rec.Granted, Remaining: rec.Remaining, RetryAfter: rec.RetryAfter},
+					Credited: rec.Credited,
 					Now:      rec.Now,
 					Replayed: true,
 				}
@@ -176,10 +178,17 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 	if share == 0 {
 		share = bucket.WholeShare
 	}
-	res := e.state.TakeShare(r.Limit, now, r.Want, r.Min, share)
+	var credited bucket.Micro
+	if r.Credit.Amount > 0 {
+		credited = e.state.Return(r.Limit, now, r.Credit.Amount, r.Credit.GrantedAt).Granted
+	}
+	res := bucket.Result{Remaining: e.state.Tokens}
+	if !r.CreditOnly() {
+		res = e.state.TakeShare(r.Limit, now, r.Want, r.Min, share, max(1, r.Unit))
+	}
 	e.setExpiry(r.Limit)
 	if idem {
-		rec := TakeRecord{Seq: r.Op.Seq, Granted: res.Granted, Remaining: res.Remaining,
+		rec := TakeRecord{Seq: r.Op.Seq, Granted: res.Granted, Credited: credited, Remaining: res.Remaining,
 			RetryAfter: res.RetryAfter, Now: e.state.Last}
 		if e.takes == nil {
 			e.takes = make(map[string]TakeRecord, 1)
@@ -191,7 +200,7 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 		}
 		e.sweepRecords()
 	}
-	return coordinator.TakeResult{Result: res, Now: e.state.Last}
+	return coordinator.TakeResult{Result: res, Credited: credited, Now: e.state.Last}
 }
 
 func (sh *shard) ret(r *coordinator.ReturnRequest, now bucket.Millis) coordinator.ReturnResult {

@@ -7,13 +7,18 @@
 --   l          last refill (ms, the key clock)
 --   f          the fraction of a microtoken refilled but not yet credited, in 1/den µ
 --   x          logical expiry on the key clock; absent when the key never expires
---   a:<agent>  that agent's last Take:   "seq granted remaining retry now"
+--   a:<agent>  that agent's last Take:   "seq granted remaining retry credited now" (records
+--              written before takes handed leases back have no credited field)
 --   r:<agent>  that agent's last Return: "seq credited remaining now"
 -- ARGV     op ("take" | "return"), capacity, num, den, fill (the bucket.Limit),
 --          take: want, least, share (1..1000) | return: amount, granted_at, 0,
 --          agent ("" = not idempotent), seq, now ("" = Redis TIME),
---          record_keep, max_records, expiry_margin (coordinator constants)
--- Returns  {granted, remaining, retry_after, now, flags}; flags: 1 replayed, 2 stale.
+--          record_keep, max_records, expiry_margin (coordinator constants),
+--          take: unit, ret_amount, ret_granted_at (a lease handed back before the take, in the
+--          same operation; ret_amount 0 for none) | return: 1, 0, 0
+-- Returns  {granted, remaining, retry_after, now, flags, credited}; flags: 1 replayed, 2 stale;
+--          credited is what a take's handed-back lease was credited (0 for a return: its credit
+--          is granted).
 --
 -- Numbers are IEEE doubles. Every value below is an integer of magnitude at most 2^53 - 1, where a
 -- double is exact, so + - * and comparisons are exact; the bound is noted beside each
@@ -35,6 +40,9 @@ local injected = ARGV[11] ~= '' -- a test or simulator clock: no PEXPIRE, it is 
 local record_keep = tonumber(ARGV[12])
 local max_records = tonumber(ARGV[13])
 local expiry_margin = tonumber(ARGV[14])
+local unit = tonumber(ARGV[15]) -- take: grants cut below want are whole multiples of it
+local ret_amount = tonumber(ARGV[16]) -- take: unspent µ of a lease handed back first
+local ret_granted_at = tonumber(ARGV[17]) -- take: that lease's grant time (ms)
 
 local WHOLE = 1000 -- bucket.WholeShare
 local NEVER = -1 -- bucket.Never
@@ -135,11 +143,14 @@ if record then
   end
   if f[1] == seq then
     if op == 'take' then
-      return {f[2], f[3], f[4], f[5], REPLAYED}
+      if #f == 6 then
+        return {f[2], f[3], f[4], f[6], REPLAYED, f[5]}
+      end
+      return {f[2], f[3], f[4], f[5], REPLAYED, 0}
     end
-    return {f[2], f[3], 0, f[4], REPLAYED}
+    return {f[2], f[3], 0, f[4], REPLAYED, 0}
   elseif f[1] > seq then
-    return {0, tokens, 0, last, STALE}
+    return {0, tokens, 0, last, STALE, 0}
   end
 end
 
@@ -167,16 +178,45 @@ if elapsed > 0 then
   end
 end
 
-local granted, retry = 0, 0
+-- State.Return: no lease exceeds the capacity, so neither does the credit; it decays by the
+-- refill since the grant, rounded up, and is capped at what the bucket can hold.
+local function credit(amount, granted_at)
+  local c = math.min(amount, capacity)
+  local age = last - granted_at
+  if age > 0 and num > 0 then
+    if age >= fill then
+      c = 0
+    else
+      c = c - time_decay(age)
+    end
+  end
+  c = math.max(0, math.min(c, capacity - tokens))
+  tokens = tokens + c
+  if tokens == capacity then
+    frac = 0
+  end
+  return c
+end
+
+local granted, retry, credited = 0, 0, 0
 if op == 'take' then
-  -- State.TakeShare
+  if ret_amount > 0 then
+    credited = credit(ret_amount, ret_granted_at)
+  end
+  -- State.TakeShare (nothing to take when the request only hands a lease back)
+  local capped = want
   if share < WHOLE then
     local part = idiv(tokens, WHOLE) * share -- <= tokens*share/1000 <= tokens
       + idiv((tokens - idiv(tokens, WHOLE) * WHOLE) * share, WHOLE) -- < 1000*1000
-    want = math.min(want, math.max(least, part))
+    capped = math.min(want, math.max(least, part))
   end
-  if tokens >= least then
-    granted = math.min(want, tokens)
+  if want == 0 then
+    granted = 0
+  elseif tokens >= least then
+    granted = math.min(capped, tokens)
+    if granted < want and unit > 1 then
+      granted = math.max(least, idiv(granted, unit) * unit) -- <= granted
+    end
     tokens = tokens - granted
   elseif least > capacity or num == 0 then
     retry = NEVER
@@ -184,24 +224,7 @@ if op == 'take' then
     retry = time_for(least - tokens, frac)
   end
 else
-  -- State.Return: no lease exceeds the capacity, so neither does the credit; it decays by the
-  -- refill since the grant, rounded up, and is capped at what the bucket can hold.
-  local amount, granted_at = want, least
-  local credit = math.min(amount, capacity)
-  local age = last - granted_at
-  if age > 0 and num > 0 then
-    if age >= fill then
-      credit = 0
-    else
-      credit = credit - time_decay(age)
-    end
-  end
-  credit = math.max(0, math.min(credit, capacity - tokens))
-  tokens = tokens + credit
-  if tokens == capacity then
-    frac = 0
-  end
-  granted = credit
+  granted = credit(want, least)
 end
 
 -- Expiry: once full (State.TimeToFull) plus the margin, the key is a full bucket again and needs
@@ -221,7 +244,7 @@ end
 if rec_field then
   fields[#fields + 1] = rec_field
   if op == 'take' then
-    fields[#fields + 1] = string.format('%d %d %d %d %d', seq, granted, tokens, retry, last)
+    fields[#fields + 1] = string.format('%d %d %d %d %d %d', seq, granted, tokens, retry, credited, last)
   else
     fields[#fields + 1] = string.format('%d %d %d %d', seq, granted, tokens, last)
   end
@@ -260,4 +283,4 @@ if rec_field then
   end
 end
 
-return {granted, tokens, retry, last, 0}
+return {granted, tokens, retry, last, 0, credited}

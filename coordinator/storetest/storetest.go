@@ -62,10 +62,14 @@ type want struct {
 	retry              bucket.Millis
 	now                bucket.Millis
 	replayed, stale    bool
+	credited           bucket.Micro // Take: what its handed-back lease was credited
 }
 
 func (w want) String() string {
 	s := fmt.Sprintf("{granted=%d remaining=%d retry=%d now=%d", w.granted, w.remaining, w.retry, w.now)
+	if w.credited != 0 {
+		s += fmt.Sprintf(" credited=%d", w.credited)
+	}
 	if w.replayed {
 		s += " replayed"
 	}
@@ -80,6 +84,12 @@ func TakeString(r coordinator.TakeRequest) string {
 	s := fmt.Sprintf("Take(%q, %v, want=%d, min=%d", r.Key, r.Limit, r.Want, r.Min)
 	if r.Share != 0 {
 		s += fmt.Sprintf(", share=%d‰", r.Share)
+	}
+	if r.Unit != 0 {
+		s += fmt.Sprintf(", unit=%d", r.Unit)
+	}
+	if r.Credit.Amount != 0 {
+		s += fmt.Sprintf(", credit=%d granted at %d", r.Credit.Amount, r.Credit.GrantedAt)
 	}
 	if r.Op.Agent != "" {
 		s += fmt.Sprintf(", op=%s/%d", r.Op.Agent, r.Op.Seq)
@@ -101,7 +111,11 @@ func TakeResultString(r coordinator.TakeResult) string {
 	if r.Err != nil {
 		return "error " + r.Err.Error()
 	}
-	return want{r.Granted, r.Remaining, r.RetryAfter, r.Now, r.Replayed, r.Stale}.String()
+	return takeWant(r).String()
+}
+
+func takeWant(r coordinator.TakeResult) want {
+	return want{r.Granted, r.Remaining, r.RetryAfter, r.Now, r.Replayed, r.Stale, r.Credited}
 }
 
 // ReturnResultString formats a result for failure messages.
@@ -109,7 +123,7 @@ func ReturnResultString(r coordinator.ReturnResult) string {
 	if r.Err != nil {
 		return "error " + r.Err.Error()
 	}
-	return want{r.Granted, r.Remaining, r.RetryAfter, r.Now, r.Replayed, r.Stale}.String()
+	return want{r.Granted, r.Remaining, r.RetryAfter, r.Now, r.Replayed, r.Stale, 0}.String()
 }
 
 func (f *fixture) takes(reqs ...coordinator.TakeRequest) []coordinator.TakeResult {
@@ -140,7 +154,7 @@ func (f *fixture) returns(reqs ...coordinator.ReturnRequest) []coordinator.Retur
 func (f *fixture) take(r coordinator.TakeRequest, w want) coordinator.TakeResult {
 	f.t.Helper()
 	got := f.takes(r)[0]
-	if got.Err != nil || (want{got.Granted, got.Remaining, got.RetryAfter, got.Now, got.Replayed, got.Stale}) != w {
+	if got.Err != nil || takeWant(got) != w {
 		f.t.Fatalf("at %d: %s = %s, want %s", f.now, TakeString(r), TakeResultString(got), w)
 	}
 	return got
@@ -150,7 +164,7 @@ func (f *fixture) take(r coordinator.TakeRequest, w want) coordinator.TakeResult
 func (f *fixture) ret(r coordinator.ReturnRequest, w want) coordinator.ReturnResult {
 	f.t.Helper()
 	got := f.returns(r)[0]
-	if got.Err != nil || (want{got.Granted, got.Remaining, got.RetryAfter, got.Now, got.Replayed, got.Stale}) != w {
+	if got.Err != nil || (want{got.Granted, got.Remaining, got.RetryAfter, got.Now, got.Replayed, got.Stale, 0}) != w {
 		f.t.Fatalf("at %d: %s = %s, want %s", f.now, ReturnString(r), ReturnResultString(got), w)
 	}
 	return got
@@ -222,6 +236,62 @@ var cases = []testCase{
 		f.advance(1000)
 		r.Share = bucket.WholeShare
 		f.take(r, want{granted: 10 * tok, remaining: 0, now: f.now})
+	}},
+	{"UnitRounding", func(f *fixture) {
+		l := limit(f.t, 10*tok, tok, 100)
+		r := take("k", l, 9*tok, 3*tok)
+		r.Unit, r.Share = 3*tok, 500
+		// Half of 10 tokens is 5: cut below want, rounded down to one request of 3 tokens.
+		f.take(r, want{granted: 3 * tok, remaining: 7 * tok, now: f.now})
+		// Uncapped, 7 tokens held, want 9: two whole requests.
+		r.Share = 0
+		f.take(r, want{granted: 6 * tok, remaining: tok, now: f.now})
+		// Want itself is never rounded, and rounding never goes below min: 2 tokens held, less
+		// than a request of 3, grant min.
+		f.advance(300)
+		r.Want, r.Min = 4*tok, 4*tok
+		f.take(r, want{granted: 4 * tok, remaining: 0, now: f.now})
+		f.advance(200)
+		r.Want, r.Min = 5*tok, tok
+		f.take(r, want{granted: tok, remaining: tok, now: f.now})
+	}},
+	{"CreditBeforeTake", func(f *fixture) {
+		l := limit(f.t, 10*tok, tok, 100)
+		g := f.take(take("k", l, 8*tok, 8*tok), want{granted: 8 * tok, remaining: 2 * tok, now: f.now})
+		f.advance(100) // 1 token refilled: the 5 tokens handed back decay by 1
+		r := take("k", l, 6*tok, 6*tok)
+		r.Credit = coordinator.Credit{Amount: 5 * tok, GrantedAt: g.Now}
+		// 2 + 1 refilled + 4 credited = 7: the take of 6 sees the credit.
+		r.Op = coordinator.OpID{Agent: "a", Seq: 1}
+		f.take(r, want{granted: 6 * tok, remaining: tok, now: f.now, credited: 4 * tok})
+		// A repeat is answered from the record, credit included; nothing is charged or credited.
+		f.take(r, want{granted: 6 * tok, remaining: tok, now: f.now, credited: 4 * tok, replayed: true})
+		// A credit that decayed away adds nothing, and a denied take keeps what was credited.
+		f.advance(1000)
+		r = take("k", l, 11*tok, 11*tok)
+		r.Credit = coordinator.Credit{Amount: 3 * tok, GrantedAt: f.now - 1000}
+		f.take(r, want{remaining: 10 * tok, retry: bucket.Never, now: f.now})
+		f.take(take("k", l, 2*tok, 2*tok), want{granted: 8 * tok / 4, remaining: 8 * tok, now: f.now})
+		r = take("k", l, 10*tok, 10*tok)
+		r.Credit = coordinator.Credit{Amount: tok, GrantedAt: f.now}
+		f.take(r, want{remaining: 9 * tok, retry: 100, now: f.now, credited: tok})
+		// The credit is capped at what the bucket can hold.
+		f.advance(1000)
+		r = take("k", l, tok, tok)
+		r.Credit = coordinator.Credit{Amount: 5 * tok, GrantedAt: f.now}
+		f.take(r, want{granted: tok, remaining: 9 * tok, now: f.now})
+		// A take that only hands a lease back (want and min 0) credits and takes nothing.
+		r = take("k", l, 0, 0)
+		r.Credit = coordinator.Credit{Amount: 3 * tok, GrantedAt: f.now}
+		f.take(r, want{remaining: 10 * tok, now: f.now, credited: tok})
+		f.take(take("k", l, 4*tok, 4*tok), want{granted: 4 * tok, remaining: 6 * tok, now: f.now})
+		r.Op = coordinator.OpID{Agent: "b", Seq: 7}
+		f.take(r, want{remaining: 9 * tok, now: f.now, credited: 3 * tok})
+		f.take(r, want{remaining: 9 * tok, now: f.now, credited: 3 * tok, replayed: true})
+		// Without a credit, want and min 0 is malformed.
+		if got := f.takes(take("k", l, 0, 0))[0]; !errors.Is(got.Err, coordinator.ErrInvalidRequest) {
+			f.t.Fatalf("take of 0 with no credit = %s, want ErrInvalidRequest", TakeResultString(got))
+		}
 	}},
 	{"ReturnDecayAndCap", func(f *fixture) {
 		l := limit(f.t, 10*tok, tok, 100)
