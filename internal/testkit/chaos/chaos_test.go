@@ -34,7 +34,7 @@ func maxKeys(def int) int {
 }
 
 // bins are the processes a run starts, built once per test binary.
-var bins = proctest.NewBinaries(map[string]string{"agent": "../../cmd/agent", "coordinator": "../../cmd/coordinator"})
+var bins = proctest.NewBinaries(map[string]string{"agent": "../../../cmd/agent", "coordinator": "../../../cmd/coordinator"})
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { bins.Remove() }))
