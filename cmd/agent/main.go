@@ -203,10 +203,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return err
 	}
 	defer func() { _ = conn.Close() }()
+	// Connect now rather than on the first refill: the first check on a key then waits for one
+	// round trip, not for a connection's set-up as well.
+	conn.Connect()
 
 	clk := clock.NewCoarse(time.Millisecond)
 	defer clk.Close()
 	metrics := agent.NewMetrics()
+	lim = agent.New(agent.Config{
+		AgentID: id, Region: cfg.region, MaxKeys: cfg.maxKeys, Guard: clock.Guard,
+	}, watcher.Current())
 	ref := agent.NewRefresher(agent.RefresherConfig{
 		Coordinator: agent.CoordinatorClient(conn),
 		Clock:       clk,
@@ -217,9 +223,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		Metrics: metrics,
 		Logger:  log,
 	})
-	lim = agent.New(agent.Config{
-		AgentID: id, Region: cfg.region, MaxKeys: cfg.maxKeys, Guard: clock.Guard, Notify: ref.Notify,
-	}, watcher.Current())
 	if err := metrics.Register(reg, lim, ref); err != nil {
 		return err
 	}
