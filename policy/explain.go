@@ -177,6 +177,7 @@ func (e Explanation) String() string {
 	}
 	line("shadow", "%s", yesNo(r.Shadow, "yes: reported, never denied", "no"))
 	line("headers", "%s", yesNo(r.Headers, "RateLimit headers exposed", "no"))
+	line("lease", "%s", yesNo(r.Direct, "off: every check is one atomic take in the global bucket", "on: agents hold leases sized by demand"))
 	if e.Limits != nil {
 		line("key", "%s", e.Key)
 		line("key version", "%s (fingerprint of the effective limit)", e.Limits.Fingerprint)
