@@ -128,6 +128,7 @@ func TestCheckStream(t *testing.T) {
 	if resp, err := st.Recv(); err != nil || resp.Id != 1 || len(resp.Results) != 3 || len(resp.Errors) != 3 {
 		t.Fatalf("first answer = %v, %v", resp, err)
 	}
+	s.warm(t, agent.Query{Tenant: "a", Path: "/api/x", Operation: "GET"})
 	s.coord.setFault(slow)
 	waiting := streamMsg(2, 5, "b", "/api/x", "GET")
 	waiting.Checks = append(waiting.Checks, &agentv1.CheckRequest{Tenant: "b", Route: "no-slash", Operation: "GET"})

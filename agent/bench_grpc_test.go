@@ -70,7 +70,7 @@ func benchServerMain() int {
 	// Warnings (a failed refill) go to stderr: a benchmark that meets one fails, and says why.
 	log, _ := zap.NewProduction(zap.IncreaseLevel(zap.WarnLevel))
 	ref := agent.NewRefresher(agent.RefresherConfig{Coordinator: coordinator.NewService(memstore.New(), set), Clock: clk, Logger: log})
-	lim := agent.New(agent.Config{AgentID: "bench", Guard: clock.Guard, Notify: ref.Notify}, set)
+	lim := agent.New(agent.Config{AgentID: "bench", Guard: clock.Guard}, set)
 	ref.Start(lim)
 	// Audit as the agent runs by default: allows sampled at 0.1 %, everything else written, as
 	// JSON (here to io.Discard).

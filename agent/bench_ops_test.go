@@ -36,13 +36,11 @@ func (c *countingStore) Return(ctx context.Context, reqs []coordinator.ReturnReq
 // latency is not what is measured), the sweep runs every 25 ms of simulated time as the
 // Refresher's does.
 type syncAgent struct {
-	clk      *clock.Manual
-	lim      *agent.Limiter
-	svc      *coordinator.Service
-	store    *countingStore
-	notified bool
-	sweepAt  clock.Nanos
-	shard    int
+	clk     *clock.Manual
+	lim     *agent.Limiter
+	svc     *coordinator.Service
+	store   *countingStore
+	sweepAt clock.Nanos
 }
 
 func newSyncAgent(tb testing.TB, policyText string) *syncAgent {
@@ -52,24 +50,24 @@ func newSyncAgent(tb testing.TB, policyText string) *syncAgent {
 		return bucket.Millis(a.clk.Now() / clock.Nanos(time.Millisecond))
 	}))}
 	a.svc = coordinator.NewService(a.store, set)
-	a.lim = agent.New(agent.Config{AgentID: "sync", Notify: func() { a.notified = true }}, set)
+	a.lim = agent.New(agent.Config{AgentID: "sync"}, set)
 	return a
 }
 
 func (a *syncAgent) pump(tb testing.TB) {
 	ctx := context.Background()
 	now := a.clk.Now()
-	for a.notified {
-		a.notified = false
-		for rf := a.lim.NextAcquire(now); rf != nil; rf = a.lim.NextAcquire(now) {
-			resp, err := a.svc.Acquire(ctx, rf.Req)
-			if err := a.lim.ApplyAcquire(now, rf, resp, err); err != nil {
-				tb.Fatal(err)
-			}
+	for c := a.lim.NextCall(now); c != nil; c = a.lim.NextCall(now) {
+		r := agent.Reply{}
+		var err error
+		if c.Acquire != nil {
+			r.Acquire, err = a.svc.Acquire(ctx, c.Acquire)
+		} else {
+			r.Return, err = a.svc.Return(ctx, c.Return)
 		}
-		for rt := a.lim.NextReturn(); rt != nil; rt = a.lim.NextReturn() {
-			resp, err := a.svc.Return(ctx, rt.Req)
-			a.lim.ApplyReturn(rt, resp, err)
+		r.Failure = agent.Classify(err)
+		if err := a.lim.Apply(now, c, r); err != nil {
+			tb.Fatal(err)
 		}
 	}
 }
@@ -78,7 +76,7 @@ func (a *syncAgent) pump(tb testing.TB) {
 func (a *syncAgent) check(tb testing.TB, q agent.Query) agent.Verdict {
 	now := a.clk.Now()
 	if now >= a.sweepAt {
-		a.shard = a.lim.Expire(now, a.shard, agent.DefaultSweepShards)
+		a.lim.Expire(now, agent.DefaultSweepShards)
 		a.sweepAt = now + clock.Of(agent.DefaultSweepEvery)
 	}
 	v, err := a.lim.Check(now, q)
@@ -87,7 +85,14 @@ func (a *syncAgent) check(tb testing.TB, q agent.Query) agent.Verdict {
 			tb.Fatalf("check %v still waits after 3 refills", q)
 		}
 		a.pump(tb)
-		v, err = a.lim.Check(now, q)
+		select {
+		case <-v.Ticket.Ready():
+			v = v.Ticket.Verdict()
+		default:
+		}
+		if v.Outcome == agent.Wait {
+			v, err = a.lim.Check(now, q)
+		}
 	}
 	if err != nil {
 		tb.Fatal(err)

@@ -82,7 +82,7 @@ func TestDialCoordinators(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_, err := client.Acquire(ctx, &coordinatorv1.AcquireRequest{AgentId: "dial-test", Seq: seq, PolicyVersion: set.Version(),
-			Items: []*coordinatorv1.AcquireItem{{Bucket: &coordinatorv1.BucketRef{Rule: "orders-read", Route: "/orders/{id}", Operation: "read", Tenant: "acme"}, WantMicro: 1, MinMicro: 1}}})
+			Items: []*coordinatorv1.AcquireItem{{Bucket: &coordinatorv1.BucketRef{Rule: "orders-read", Route: "/orders/{id}", Operation: "read", Tenant: "acme"}, NeededMicro: 1, MinMicro: 1}}})
 		return err
 	}
 	// Round robin starts with the first connection ready, and takes in the other when it is.

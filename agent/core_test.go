@@ -12,7 +12,6 @@ import (
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
 	"github.com/leasebucket/leasebucket/policy"
-	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
 )
 
 const testPolicy = `
@@ -37,34 +36,23 @@ func testSet(t testing.TB) *policy.Set {
 	return set
 }
 
-// grantAll answers every queued refill with a lease of size each.
-func grantAll(t testing.TB, l *Limiter, now clock.Nanos, size bucket.Micro) {
-	t.Helper()
-	for r := l.NextAcquire(now); r != nil; r = l.NextAcquire(now) {
-		resp := &coordinatorv1.AcquireResponse{}
-		for range r.Req.Items {
-			resp.Results = append(resp.Results, &coordinatorv1.AcquireResult{
-				Status: coordinatorv1.Status_STATUS_OK, GrantedMicro: int64(size), TtlMs: 60_000, GrantedAtMs: 1,
-			})
-		}
-		if err := l.ApplyAcquire(now, r, resp, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // TestConcurrentSpendAndRetire: goroutines spend one lease while another retires it; every token
 // is spent or returned exactly once and none is spent after the lease is retired.
 func TestConcurrentSpendAndRetire(t *testing.T) {
 	for round := range 20 {
 		l := New(Config{AgentID: "a"}, testSet(t))
 		q := Query{Tenant: "acme", Path: "/api/x", Operation: "GET"}
-		if v, err := l.Check(0, q); err != nil || v.Outcome != Wait {
+		v, err := l.Check(0, q)
+		if err != nil || v.Outcome != Wait {
 			t.Fatalf("first Check = %v, %v; want wait", v.Outcome, err)
 		}
 		const granted = 5000 * bucket.PerToken
 		grantAll(t, l, 0, granted)
+		if got := v.Ticket.Verdict(); got.Outcome != Allow {
+			t.Fatalf("the waiting check got %v, want allow from the grant", got.Outcome)
+		}
 		var allowed atomic.Int64
+		allowed.Add(1)
 		var wg sync.WaitGroup
 		start := make(chan struct{})
 		for range 8 {
@@ -91,12 +79,7 @@ func TestConcurrentSpendAndRetire(t *testing.T) {
 		}
 		l.Close()
 		wg.Wait()
-		var returned int64
-		for r := l.NextReturn(); r != nil; r = l.NextReturn() {
-			for _, it := range r.Req.Items {
-				returned += it.UnspentMicro
-			}
-		}
+		_, returned := handedBack(t, l, 1)
 		if got := allowed.Load()*int64(bucket.PerToken) + returned; got != int64(granted) {
 			t.Fatalf("round %d: spent %d tokens + returned %d µ = %d µ, want %d µ granted", round, allowed.Load(), returned, got, granted)
 		}
@@ -104,7 +87,7 @@ func TestConcurrentSpendAndRetire(t *testing.T) {
 }
 
 // TestEvictionBound: unbounded key churn keeps the table within MaxKeys, and every evicted key's
-// lease is returned.
+// lease is handed back, at once.
 func TestEvictionBound(t *testing.T) {
 	const maxKeys = 1000 // not a multiple of the shard count: the bound is still exact
 	l := New(Config{AgentID: "a", MaxKeys: maxKeys}, testSet(t))
@@ -113,7 +96,7 @@ func TestEvictionBound(t *testing.T) {
 		if _, err := l.Check(0, q); err != nil {
 			t.Fatal(err)
 		}
-		grantAll(t, l, 0, 10*bucket.PerToken)
+		grantAll(t, l, 0, 10*bucket.PerToken) // the waiting check takes 1, 9 stay in the lease
 		if v, _ := l.Check(0, q); v.Outcome != Allow {
 			t.Fatalf("check after grant = %v", v.Outcome)
 		}
@@ -122,17 +105,10 @@ func TestEvictionBound(t *testing.T) {
 		t.Fatalf("Keys() = %d after churn, want <= %d", n, maxKeys)
 	}
 	evicted := l.Stats().Evicted.Load()
-	var returned int
-	for r := l.NextReturn(); r != nil; r = l.NextReturn() {
-		for _, it := range r.Req.Items {
-			if it.UnspentMicro != 9*int64(bucket.PerToken) {
-				t.Fatalf("returned %d µ, want the 9 tokens left of an evicted lease", it.UnspentMicro)
-			}
-			returned++
-		}
-	}
-	if uint64(returned) != evicted || evicted < 50_000-maxKeys {
-		t.Fatalf("evicted %d keys, returned %d leases; want >= %d, equal", evicted, returned, 50_000-maxKeys)
+	returned := l.Stats().Returns.Load()
+	if returned != evicted || evicted < 50_000-maxKeys || l.Stats().ReturnedMicro.Load() != 8*evicted*uint64(bucket.PerToken) {
+		t.Fatalf("evicted %d keys, handed back %d leases (%d µ); want >= %d, equal, 8 tokens each",
+			evicted, returned, l.Stats().ReturnedMicro.Load(), 50_000-maxKeys)
 	}
 }
 
@@ -203,7 +179,7 @@ func BenchmarkCheckParallel(b *testing.B) {
 				// for it rather than count its Wait as a failure.
 				for v, _ := l.Check(0, q); v.Outcome == Wait; v, _ = l.Check(0, q) {
 					grantAll(b, l, 0, bucket.MaxExact/4)
-					<-v.Ready()
+					<-v.Ticket.Ready()
 				}
 				for pb.Next() {
 					if v, _ := l.Check(1, q); v.Outcome != Allow {
@@ -273,7 +249,7 @@ default:
 	down := errors.New("coordinators unreachable")
 	var now clock.Nanos
 	// check answers q during the outage: a first check of a new entry waits for a refill, which
-	// fails, and the failure mode answers the check again.
+	// fails, and the failure mode answers the waiting check.
 	check := func(tenant string) Verdict {
 		t.Helper()
 		q := Query{Tenant: tenant, Path: "/products/1", Operation: "GET"}
@@ -285,10 +261,17 @@ default:
 			if v.Outcome != Wait {
 				return v
 			}
-			for r := l.NextAcquire(now); r != nil; r = l.NextAcquire(now) {
-				_ = l.ApplyAcquire(now, r, nil, down)
+			for c := l.NextCall(now); c != nil; c = l.NextCall(now) {
+				_ = l.Apply(now, c, Reply{Failure: Classify(down)})
 			}
 			now += clock.Nanos(time.Millisecond)
+			select {
+			case <-v.Ticket.Ready():
+				if v := v.Ticket.Verdict(); v.Outcome != Wait {
+					return v
+				}
+			default:
+			}
 		}
 		t.Fatalf("%s: still waiting for a refill", tenant)
 		return Verdict{}

@@ -11,21 +11,23 @@ import (
 )
 
 // entry is one bucket key as this agent sees it: the current lease, spent without a lock; a
-// prefetched next lease; the deny cache; the failure state; the emergency bucket.
+// prefetched next lease; the checks waiting for a refill; the lease to hand back; the deny cache;
+// the failure state; the emergency bucket.
 //
 // Invariants: tokens >= 0 and no token is spent twice (spends are compare-and-swap decrements;
-// retiring a lease swaps tokens to 0 before its unspent amount is returned, so nothing is spent
+// retiring a lease swaps tokens to 0 before its unspent amount is handed back, so nothing is spent
 // after it is returned). The current lease is used only while now < expires, and expires is the
 // moment the Acquire was sent plus the lease's TTL minus the clock guard: network delay can only
-// shorten a lease.
+// shorten a lease. A direct entry (lease: off) never holds a lease: every grant goes to the
+// checks waiting for it.
 type entry struct {
 	// Hot: read and written by Check without a lock. tokens and expires share a cache line.
 	tokens      atomic.Int64 // µ left in the current lease
 	expires     atomic.Int64 // clock.Nanos: the current lease is usable while now < expires
 	lowWater    atomic.Int64 // µ: below this, refill ahead of need
 	deniedUntil atomic.Int64 // clock.Nanos: the coordinator denied; answer locally until then
-	// remaining is the global bucket's level after this agent's last grant plus the prefetched
-	// lease, in µ (for the remaining count a response carries, with the current lease's tokens).
+	// remaining is what a response reports beyond the current lease: the prefetched lease plus the
+	// global level the last answer reported, in µ (setRemainingLocked keeps it).
 	remaining atomic.Int64
 	// refilling is set while a refill is queued (queued), in flight (inflight), or put off because
 	// a prefetched lease waits in next; it keeps checks below the low water from queueing another.
@@ -40,23 +42,26 @@ type entry struct {
 	lim    *policy.Limits
 	rule   *policy.Rule
 	view   *view
+	unit   bucket.Micro // one request of the route: the unit leases are counted in
+	direct bool         // lease: off
 
 	// mu guards the rest.
 	mu        sync.Mutex
-	grantedAt bucket.Millis // store clock of the current lease's grant, echoed by Return
+	grantedAt bucket.Millis // store clock of the current lease's grant, echoed when it is handed back
+	recvAt    clock.Nanos   // when the current lease's grant arrived
 	next      grant         // a prefetched lease waiting for the current one to run out
-	wantMin   bucket.Micro  // the largest cost waiting for this refill
-	done      chan struct{} // closed when the in-flight refill completes; nil if nobody waits
-	// Demand: µ per second, a moving average of samples taken at each refill. acct is the level
-	// held at the last sample plus what was installed and minus what was retired since, so
-	// acct - level now is what was spent.
-	demand    bucket.Micro
+	level     bucket.Micro  // the global bucket's level in the last answer
+	waiting   []*Ticket     // checks waiting for a refill, first come first served
+	back      handBack      // unspent leases to hand back
+	// Demand: acct is the level held at the last sample plus what was granted and minus what was
+	// handed back since, so acct - level now is what was spent.
+	demand    lease.Demand
 	acct      bucket.Micro
 	sampledAt clock.Nanos
 	sampled   bool
-	scarce    bool   // the coordinator said the bucket is low: ask for less
 	queued    bool   // in the Limiter's refill queue
 	inflight  bool   // an Acquire for this entry is out
+	backed    bool   // in the Limiter's hand-back queue
 	fail      *fails // nil until a refill of this key fails
 }
 
@@ -79,6 +84,27 @@ type grant struct {
 	tokens    bucket.Micro
 	expires   clock.Nanos
 	grantedAt bucket.Millis
+	recvAt    clock.Nanos
+}
+
+// handBack is what an entry has to hand back: the unspent tokens of leases it retired, credited
+// as the oldest of them (grantedAt; recvAt is when that one arrived).
+type handBack struct {
+	amount    bucket.Micro
+	grantedAt bucket.Millis
+	recvAt    clock.Nanos
+}
+
+// add merges the unspent tokens of a lease granted at grantedAt (arrived at recvAt). Two leases
+// go back as one credited as the older grant: more decay, never more than the two apart.
+func (b *handBack) add(amount bucket.Micro, grantedAt bucket.Millis, recvAt clock.Nanos) {
+	if amount <= 0 {
+		return
+	}
+	if b.amount == 0 || grantedAt < b.grantedAt {
+		b.grantedAt, b.recvAt = grantedAt, recvAt
+	}
+	b.amount += amount
 }
 
 // spend takes cost from the current lease if it is live and holds enough.
@@ -97,34 +123,32 @@ func (e *entry) spend(now clock.Nanos, cost int64) (left int64, ok bool) {
 	}
 }
 
-// retireLocked ends the current lease: no token of it can be spent afterwards. It returns the
-// unspent amount and its grant time. e.mu is held.
-func (e *entry) retireLocked() (unspent bucket.Micro, grantedAt bucket.Millis) {
-	unspent = bucket.Micro(e.tokens.Swap(0))
-	e.expires.Store(0)
-	e.acct -= unspent
-	return unspent, e.grantedAt
+// retireLocked ends the current lease: no token of it can be spent afterwards. Its unspent tokens
+// are to be handed back (the caller decides whether they are worth it). e.mu is held.
+func (e *entry) retireLocked() grant {
+	g := grant{tokens: bucket.Micro(e.tokens.Swap(0)), expires: clock.Nanos(e.expires.Swap(0)), grantedAt: e.grantedAt, recvAt: e.recvAt}
+	e.acct -= g.tokens
+	return g
 }
 
 // installLocked makes l the current lease. The caller retired the previous one. e.mu is held.
 func (e *entry) installLocked(l grant) {
-	e.grantedAt = l.grantedAt
+	e.grantedAt, e.recvAt = l.grantedAt, l.recvAt
 	// expires before tokens: a spender that sees the new tokens also sees the new expiry.
 	e.expires.Store(int64(l.expires))
 	e.tokens.Store(int64(l.tokens))
 	e.lowWater.Store(int64(l.tokens) * lease.LowWater / 1000)
 }
 
-// setNextLocked replaces the prefetched lease. remaining counts the prefetched lease (it is this
-// agent's until it is installed or returned), so it changes by the difference. e.mu is held.
+// setNextLocked replaces the prefetched lease. e.mu is held.
 func (e *entry) setNextLocked(n grant) {
-	e.remaining.Add(int64(n.tokens - e.next.tokens))
 	e.next = n
+	e.setRemainingLocked()
 }
 
-// cost is one request of the entry's route, in µ (the rule's cost for the route's operation).
-func (e *entry) cost() bucket.Micro {
-	return bucket.Micro(e.view.set.Cost(e.view.set.RouteByID(e.route))) * bucket.PerToken
+// setRemainingLocked computes what responses report beyond the current lease. e.mu is held.
+func (e *entry) setRemainingLocked() {
+	e.remaining.Store(int64(e.level + e.next.tokens))
 }
 
 // usableLocked reports whether the current lease can serve cost at now.
@@ -140,10 +164,5 @@ func (e *entry) prefetchDoneLocked() {
 	}
 }
 
-// wakeLocked releases the checks waiting for this entry's refill.
-func (e *entry) wakeLocked() {
-	if e.done != nil {
-		close(e.done)
-		e.done = nil
-	}
-}
+// ttl is the lifetime of the leases of e's limit.
+func (e *entry) ttl() clock.Nanos { return clock.Of(lease.TTL(e.lim.Bucket)) }

@@ -238,8 +238,8 @@ func sfString(s string) string {
 // tenant and a path entry (and at most one of each of the three keys, and no other key), its
 // cost is 1..burst of its rule, and the request keeps the size bounds.
 func (s *Server) envoySlots(req *ratelimitv3.RateLimitRequest) ([]slot, error) {
-	set := s.lim.Policy()
-	m := set.Envoy()
+	v := s.lim.view.Load()
+	m := v.set.Envoy()
 	switch {
 	case len(req.Domain) > MaxEnvoyValue:
 		return nil, fmt.Errorf("%w: domain of %d bytes, at most %d", ErrInvalidRoute, len(req.Domain), MaxEnvoyValue)
@@ -254,7 +254,7 @@ func (s *Server) envoySlots(req *ratelimitv3.RateLimitRequest) ([]slot, error) {
 	for i, d := range req.Descriptors {
 		q, err := envoyQuery(m, d, req.HitsAddend)
 		if err == nil {
-			err = s.lim.validate(set, q)
+			_, err = s.lim.resolve(v, q)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("descriptor %d: %w", i, err)

@@ -129,7 +129,7 @@ func (m *idempotency) finish(k idemKey, rec *idemRecord, v Verdict, err error) {
 	s := m.shard(k)
 	s.mu.Lock()
 	if err == nil && v.Outcome == Allow {
-		v.ready = nil
+		v.Ticket = nil
 		rec.ok, rec.v = true, v
 	} else if cur, ok := s.lru.Peek(k); ok && cur == rec {
 		s.lru.Remove(k)

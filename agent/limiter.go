@@ -1,24 +1,22 @@
 // Package agent is the node-local limiter: it answers checks from leases of the global buckets
 // and refills them from coordinators.
 //
-// Limiter is the synchronous, I/O-free core: Check decides at a given now; NextAcquire and
-// ApplyAcquire move leases between the agent and a coordinator; NextReturn, Expire and Close hand
-// unspent tokens back. Refresher (the goroutine shell), Server (gRPC) and the simulator drive
-// the same core.
+// Limiter is the synchronous, I/O-free core. Its inputs are checks (Check, at a given now), the
+// answers to its coordinator calls (Apply, with the shell's reading of how the call ended) and
+// the passage of time (Expire). Its outputs are explicit: a check's Verdict (a Wait verdict
+// carries the Ticket the check waits on), and the calls to send, which the shell pulls with
+// NextCall whenever Wake signals that one may be due. Refresher (the goroutine shell), Server
+// (gRPC) and the simulator drive the same core.
 package agent
 
 import (
-	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
-	"github.com/leasebucket/leasebucket/internal/lease"
 	"github.com/leasebucket/leasebucket/policy"
-	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
 )
 
 // Config shapes a Limiter.
@@ -29,18 +27,14 @@ type Config struct {
 	// Region is the agent's region, for rules with regional scope.
 	Region string
 	// MaxKeys bounds the lease table; the least recently used keys are evicted (and their leases
-	// returned) beyond it.
+	// handed back) beyond it.
 	MaxKeys int
 	// Guard is subtracted from every lease's lifetime: the most the caller's clock may lag real
 	// time (clock.Guard for a clock.Coarse; 0 for an exact clock).
 	Guard clock.Nanos
-	// Notify is called (without locks held, never blocking for long) when a refill is queued:
-	// the shell's cue to call NextAcquire.
-	Notify func()
-	// Skipped, if set, is told of each expired lease that is not returned because the
-	// coordinator would credit none of it (returnExpiredLocked). It runs with the entry's lock
-	// held and must not call back into the Limiter. The simulator keeps its ledgers with it.
-	Skipped func(ref *coordinatorv1.BucketRef, unspent bucket.Micro)
+	// RecordForfeits keeps a record of every lease given up instead of handed back, for Forfeits
+	// (the simulator's ledgers); off, they are only counted.
+	RecordForfeits bool
 }
 
 // DefaultMaxKeys bounds the lease table when Config.MaxKeys is 0: a million keys stay within a
@@ -53,49 +47,44 @@ type Limiter struct {
 	cfg  Config
 	view atomic.Pointer[view]
 	seq  atomic.Uint64
-	rtt  atomic.Int64 // clock.Nanos: the slowest recent Acquire round trip (observeRTT)
 
-	parked *parking // emergency buckets of evicted entries
+	parked *parking      // emergency buckets of evicted entries
+	wake   chan struct{} // a call may be due (Wake)
+	sweep  atomic.Int64  // the shard the next Expire starts from
 
-	qmu     sync.Mutex
-	queue   []*entry     // entries waiting for a refill
-	returns []returnItem // retired leases waiting to be returned
+	qmu   sync.Mutex
+	queue []*entry // entries waiting for a refill
+	backs []*entry // entries with a lease to hand back
+	// oldestBack is when the oldest lease waiting in backs was retired (0: none waits).
+	oldestBack clock.Nanos
+
+	fmu      sync.Mutex
+	forfeits []Forfeit
 
 	stats Stats
 }
 
 // view is one policy Set and the lease table keyed by its route ids. A policy change makes a new
-// view; the old one is closed and its leases are returned.
+// view; the old one is closed and its leases are handed back.
 type view struct {
+	lim    *Limiter
 	set    *policy.Set
 	table  *table
 	closed atomic.Bool
 }
-
-// Errors of Check: the request is malformed, not a decision.
-var (
-	ErrInvalidTenant = errors.New("agent: invalid tenant")
-	ErrInvalidRoute  = errors.New("agent: invalid route")
-	ErrInvalidCost   = errors.New("agent: invalid cost")
-	// ErrClosed: the Limiter was closed (shutting down); no decision is made.
-	ErrClosed = errors.New("agent: limiter closed")
-)
 
 // New returns a Limiter deciding with set.
 func New(cfg Config, set *policy.Set) *Limiter {
 	if cfg.MaxKeys <= 0 {
 		cfg.MaxKeys = DefaultMaxKeys
 	}
-	if cfg.Notify == nil {
-		cfg.Notify = func() {}
-	}
-	l := &Limiter{cfg: cfg, parked: newParking(cfg.MaxKeys)}
+	l := &Limiter{cfg: cfg, parked: newParking(cfg.MaxKeys), wake: make(chan struct{}, 1)}
 	l.view.Store(l.newView(set))
 	return l
 }
 
 func (l *Limiter) newView(set *policy.Set) *view {
-	v := &view{set: set}
+	v := &view{lim: l, set: set}
 	v.table = newTable(l.cfg.MaxKeys, func(e *entry) { l.evicted(e) })
 	return v
 }
@@ -103,25 +92,28 @@ func (l *Limiter) newView(set *policy.Set) *view {
 // Policy is the Set the Limiter decides with.
 func (l *Limiter) Policy() *policy.Set { return l.view.Load().set }
 
-// SetPolicy switches to set. Leases of the previous Set are retired and queued for return (the
-// bucket keys of unchanged rules are the same, so the global state carries over; only this
-// agent's leases are handed back and acquired again).
+// SetPolicy switches to set. Leases of the previous Set are retired and handed back (the bucket
+// keys of unchanged rules are the same, so the global state carries over; only this agent's
+// leases are handed back and acquired again).
 func (l *Limiter) SetPolicy(set *policy.Set) {
 	old := l.view.Swap(l.newView(set))
 	if old == nil || old.set == set {
 		return
 	}
 	old.closed.Store(true)
-	old.table.each(func(e *entry) { l.retireEntry(e, true) })
+	old.table.each(func(e *entry) { l.retireEntry(e) })
 	l.parked.purge()
 }
 
-// Query is one check.
-type Query struct {
-	Tenant    string
-	Path      string // the request path as received
-	Operation string // class, named operation or HTTP method
-	Cost      int64  // tokens; 0 means the rule's cost
+// Wake is signalled (never blocking, coalesced) when a call may be due: a refill was queued or a
+// lease is waiting to be handed back. The shell then calls NextCall.
+func (l *Limiter) Wake() <-chan struct{} { return l.wake }
+
+func (l *Limiter) signal() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
 }
 
 // Outcome of a check.
@@ -134,8 +126,7 @@ const (
 	Deny
 	// Unavailable means the global state is unreachable and the rule fails closed (503).
 	Unavailable
-	// Wait means no usable lease; a refill is in flight. Wait on Verdict.Ready, then check again (or,
-	// past the caller's patience, call Fallback).
+	// Wait means no usable lease; the check waits for a refill on Verdict.Ticket.
 	Wait
 )
 
@@ -159,70 +150,87 @@ type Verdict struct {
 	Degraded   bool          // decided by the emergency bucket while the global state is unreachable
 	ShadowDeny bool          // a shadow rule would have denied; Outcome is Allow
 	RetryAfter time.Duration // Deny and Unavailable
-	Remaining  bucket.Micro  // this agent's view of what is left: its lease plus the global level at its last grant
+	Remaining  bucket.Micro  // this agent's view of what is left: its leases plus the global level at its last answer
 	Rule       *policy.Rule
 	Limits     *policy.Limits
-	ready      chan struct{}
+	// Ticket is the refill a Wait verdict waits for.
+	Ticket *Ticket
 }
 
-// Ready is closed when the refill a Wait verdict waits for has completed.
-func (v Verdict) Ready() <-chan struct{} { return v.ready }
+// Ticket is a check waiting for a refill of its key. Ready is closed when it is decided; Verdict
+// then holds the decision, or Wait when the check must be asked again (its key was retired
+// meanwhile: evicted, or its policy replaced). A caller that stops waiting calls
+// Limiter.Fallback with it.
+type Ticket struct {
+	e     *entry
+	cost  int64
+	ready chan struct{}
+	v     Verdict
+}
 
-// Check decides q at now. It does not block: without a usable lease it answers Wait and queues a
-// refill (or joins the one in flight). Errors are malformed queries, never decisions.
+// Ready is closed when the ticket is decided.
+func (t *Ticket) Ready() <-chan struct{} { return t.ready }
+
+// Verdict is the decision, once Ready is closed.
+func (t *Ticket) Verdict() Verdict { return t.v }
+
+// decideLocked settles the ticket with v. Its entry's mu is held.
+func (t *Ticket) decideLocked(v Verdict) {
+	t.v = v
+	close(t.ready)
+}
+
+// retryTicket is the decision of a ticket whose entry was retired: check again.
+var retryTicket = func() *Ticket {
+	t := &Ticket{ready: make(chan struct{})}
+	t.decideLocked(Verdict{Outcome: Wait})
+	return t
+}()
+
+// Check decides q at now. It does not block: without a usable lease it answers Wait with a Ticket
+// and queues a refill (or joins the one queued or in flight). Errors are malformed queries, never
+// decisions.
 func (l *Limiter) Check(now clock.Nanos, q Query) (Verdict, error) {
 	v := l.view.Load()
 	if v.closed.Load() {
 		return Verdict{}, ErrClosed
 	}
-	r, err := v.set.Match(q.Path, q.Operation)
+	res, err := l.resolve(v, q)
 	if err != nil {
-		return Verdict{}, fmt.Errorf("%w: %w", ErrInvalidRoute, err)
+		return Verdict{}, err
 	}
-	h := v.table.hash(r.ID, q.Tenant)
-	e := v.table.get(h, r.ID, q.Tenant)
+	return l.check(now, &res, q.Tenant), nil
+}
+
+// check decides a resolved query.
+func (l *Limiter) check(now clock.Nanos, res *resolved, tenant string) Verdict {
+	e := res.e
 	if e == nil {
 		// A key's first use does not mark it: keys used once are evicted before keys used again.
-		if e, err = l.insert(v, h, r, q.Tenant); err != nil {
-			return Verdict{}, err
-		}
+		e = l.insert(res, tenant)
 	} else if !e.touched.Load() {
 		e.touched.Store(true)
 	}
-	cost := q.Cost
-	if cost == 0 {
-		cost = v.set.Cost(r)
-	}
-	if cost < 0 || bucket.Micro(cost) > e.lim.Bucket.Capacity()/bucket.PerToken {
-		return Verdict{}, fmt.Errorf("%w: cost %d is not in 1..%d, the burst of rule %q",
-			ErrInvalidCost, cost, e.lim.Bucket.Capacity()/bucket.PerToken, e.rule.Name)
-	}
-	c := cost * int64(bucket.PerToken)
-	if left, ok := e.spend(now, c); ok {
+	if left, ok := e.spend(now, res.cost); ok {
 		if left < e.lowWater.Load() && !e.refilling.Load() {
 			l.prefetch(e)
 		}
-		return Verdict{Outcome: Allow, Remaining: bucket.Micro(left + e.remaining.Load()), Rule: e.rule, Limits: e.lim}, nil
+		return Verdict{Outcome: Allow, Remaining: bucket.Micro(left + e.remaining.Load()), Rule: e.rule, Limits: e.lim}
 	}
-	return l.slowCheck(now, e, c), nil
+	return l.slowCheck(now, e, res.cost)
 }
 
-// insert adds the entry of (route, tenant) to the view's table.
-func (l *Limiter) insert(v *view, h uint64, r policy.Route, tenant string) (*entry, error) {
-	lim, err := v.set.Limits(r, tenant, l.cfg.Region)
-	if err != nil {
-		if errors.Is(err, policy.ErrInvalidTenant) {
-			return nil, fmt.Errorf("%w: %w", ErrInvalidTenant, err)
-		}
-		return nil, fmt.Errorf("%w: %w", ErrInvalidRoute, err)
-	}
-	e, _ := v.table.getOrInsert(h, r.ID, tenant, func() *entry {
+// insert adds the entry of a resolved query to its view's table.
+func (l *Limiter) insert(res *resolved, tenant string) *entry {
+	v := res.view
+	e, _ := v.table.getOrInsert(res.hash, res.route.ID, tenant, func() *entry {
 		// The tenant string may point into a request buffer: the table keeps its own copy.
-		e := &entry{route: r.ID, tenant: string([]byte(tenant)), lim: lim, rule: r.Rule, view: v}
+		e := &entry{route: res.route.ID, tenant: string([]byte(tenant)), lim: res.lim, rule: res.route.Rule, view: v,
+			unit: bucket.Micro(v.set.Cost(res.route)) * bucket.PerToken, direct: res.route.Rule.Direct}
 		l.parked.restore(e)
 		return e
 	})
-	return e, nil
+	return e
 }
 
 // slowCheck decides when the current lease cannot serve c: a cached denial, a prefetched lease,
@@ -237,7 +245,7 @@ func (l *Limiter) slowCheck(now clock.Nanos, e *entry, c int64) Verdict {
 		if e.dead.Load() {
 			// Evicted or its view closed while we looked: the caller checks again and finds the
 			// live entry of the current view.
-			return Verdict{Outcome: Wait, ready: closedChan, Rule: e.rule, Limits: e.lim}
+			return Verdict{Outcome: Wait, Ticket: retryTicket, Rule: e.rule, Limits: e.lim}
 		}
 		if e.usableLocked(now, c) {
 			if left, ok := e.spend(now, c); ok {
@@ -252,22 +260,18 @@ func (l *Limiter) slowCheck(now clock.Nanos, e *entry, c int64) Verdict {
 			continue
 		}
 		if exp := e.expires.Load(); exp != 0 && int64(now) >= exp {
-			l.retireExpiredLocked(now, e) // expired: hand back what is left now rather than at the next sweep
+			// Expired: hand back what is left now rather than at the next sweep.
+			l.expiredLocked(now, e)
 		}
 		if e.fail != nil && now < e.fail.until {
 			return l.failureLocked(now, e, c)
 		}
-		e.wantMin = max(e.wantMin, bucket.Micro(c))
-		if e.done == nil {
-			e.done = make(chan struct{})
-		}
+		t := &Ticket{e: e, cost: c, ready: make(chan struct{})}
+		e.waiting = append(e.waiting, t)
 		l.queueLocked(e)
-		return Verdict{Outcome: Wait, ready: e.done, Rule: e.rule, Limits: e.lim}
+		return Verdict{Outcome: Wait, Ticket: t, Rule: e.rule, Limits: e.lim}
 	}
 }
-
-// closedChan is the Ready of a verdict that needs no waiting.
-var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // promoteLocked replaces an exhausted or expired current lease by the prefetched one.
 func (l *Limiter) promoteLocked(now clock.Nanos, e *entry) bool {
@@ -277,41 +281,41 @@ func (l *Limiter) promoteLocked(now clock.Nanos, e *entry) bool {
 	n := e.next
 	e.setNextLocked(grant{})
 	e.prefetchDoneLocked()
-	l.retireLocked(e)
+	l.handBackLocked(now, e, e.retireLocked())
 	if now >= n.expires {
-		l.returnExpiredLocked(now, e, n)
 		e.acct -= n.tokens
+		l.handBackLocked(now, e, n)
 		return false
 	}
 	e.installLocked(n)
 	return true
 }
 
-// Fallback is the failure-mode answer for q: what the rule does when the global state cannot be
-// reached in time (the shell calls it when a Wait outlasts its patience).
-func (l *Limiter) Fallback(now clock.Nanos, q Query) (Verdict, error) {
-	v := l.view.Load()
-	if v.closed.Load() {
-		return Verdict{}, ErrClosed
-	}
-	r, err := v.set.Match(q.Path, q.Operation)
-	if err != nil {
-		return Verdict{}, fmt.Errorf("%w: %w", ErrInvalidRoute, err)
-	}
-	h := v.table.hash(r.ID, q.Tenant)
-	e := v.table.get(h, r.ID, q.Tenant)
+// Fallback is the failure-mode answer for a check that stopped waiting for its refill (the shell
+// calls it when a Wait outlasts its patience). The ticket leaves its key's queue: a grant that
+// comes later serves the checks still waiting, or becomes the lease. A ticket decided meanwhile
+// keeps its decision.
+func (l *Limiter) Fallback(now clock.Nanos, t *Ticket) Verdict {
+	e := t.e
 	if e == nil {
-		if e, err = l.insert(v, h, r, q.Tenant); err != nil {
-			return Verdict{}, err
-		}
-	}
-	cost := q.Cost
-	if cost <= 0 {
-		cost = v.set.Cost(r)
+		return t.v
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return l.failureLocked(now, e, cost*int64(bucket.PerToken)), nil
+	select {
+	case <-t.ready:
+		return t.v
+	default:
+	}
+	for i, w := range e.waiting {
+		if w == t {
+			e.waiting = append(e.waiting[:i], e.waiting[i+1:]...)
+			break
+		}
+	}
+	v := l.failureLocked(now, e, t.cost)
+	t.decideLocked(v)
+	return v
 }
 
 // failureLocked applies the rule's failure mode: a fail-closed rule answers Unavailable with its
@@ -364,15 +368,11 @@ func (l *Limiter) prefetch(e *entry) {
 func (l *Limiter) queueLocked(e *entry) {
 	if e.refilling.CompareAndSwap(false, true) {
 		e.queued = true
-		l.enqueue(e)
+		l.qmu.Lock()
+		l.queue = append(l.queue, e)
+		l.qmu.Unlock()
+		l.signal()
 	}
-}
-
-func (l *Limiter) enqueue(e *entry) {
-	l.qmu.Lock()
-	l.queue = append(l.queue, e)
-	l.qmu.Unlock()
-	l.cfg.Notify()
 }
 
 // Stats counts what the core did; the shells export it as metrics.
@@ -384,18 +384,19 @@ type Stats struct {
 	Acquires       atomic.Uint64 // Acquire calls built
 	Resends        atomic.Uint64 // of which sent again with the seq of a call whose outcome was unknown
 	AcquireErrors  atomic.Uint64 // Acquire calls that failed as a whole
-	Grants         atomic.Uint64 // leases granted
+	Grants         atomic.Uint64 // grants received
 	GrantedMicro   atomic.Uint64 // µ granted
 	Denials        atomic.Uint64 // refills denied by the global bucket
 	ItemFailures   atomic.Uint64 // items failed by the store or the policy
-	Returns        atomic.Uint64 // leases sent back in Returns
-	ReturnedMicro  atomic.Uint64 // µ sent back in Returns
-	ReturnsSkipped atomic.Uint64 // expired leases not returned: the refill since their grant covers them
+	Returns        atomic.Uint64 // leases handed back (with their key's refill or alone)
+	ReturnedMicro  atomic.Uint64 // µ handed back
+	ReturnsSkipped atomic.Uint64 // leases not handed back: the refill since their grant covers them, or they were worth less than a request and no refill came to carry them
 	SkippedMicro   atomic.Uint64 // µ of those leases
 	CreditedMicro  atomic.Uint64 // µ the coordinators credited
-	LostMicro      atomic.Uint64 // µ of Returns that failed
+	LostMicro      atomic.Uint64 // µ handed back in calls that failed
 	Expired        atomic.Uint64 // leases that expired with tokens left
 	Evicted        atomic.Uint64 // keys evicted by the LRU bound
+	Released       atomic.Uint64 // waiting checks told to check again: their key was retired while they waited
 	PolicyMismatch atomic.Uint64 // coordinator did not know the policy version or a route
 }
 
@@ -404,6 +405,3 @@ func (l *Limiter) Stats() *Stats { return &l.stats }
 
 // Keys is the number of keys in the lease table.
 func (l *Limiter) Keys() int { return l.view.Load().table.len() }
-
-// ttl is the lease lifetime the coordinator grants for e's limit.
-func (e *entry) ttl() time.Duration { return lease.TTL(e.lim.Bucket) }

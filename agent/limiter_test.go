@@ -21,21 +21,28 @@ import (
 //
 //	policy [guard=ms] [max-keys=n]     a new Limiter with the YAML policy in the input
 //	check t=T tenant=X path=P op=O [cost=N]
-//	acquire t=T                        the next Acquire the core sends
-//	respond t=T [error=unavailable|unknown-version]
-//	  ok granted=G ttl=MS [remaining=R] [at=MS] [scarce]   one line per item, µ or tokens (t suffix)
-//	  denied retry=MS [remaining=R]
+//	                                   a Wait verdict's ticket is kept: tickets shows it
+//	call t=T                           the next call the core sends (NextCall); it is in flight
+//	respond t=T [seq=N] [error=unavailable|deadline|invalid|unknown-version]
+//	                                   the reply to the call in flight with seq N (the oldest)
+//	  ok granted=G ttl=MS [remaining=R] [at=MS] [credited=C] [scarce]
+//	  denied retry=MS [remaining=R] [credited=C]
 //	  store-unavailable | unknown-route | stale
+//	                                   one line per item of an Acquire, µ or tokens (t suffix),
+//	  returned credited=C | return-failed
+//	                                   then one line per lease it hands back alone (Acquire
+//	                                   returns or Return items)
+//	tickets                            the checks waiting: each decided one's verdict (then
+//	                                   forgotten), or "waiting"
 //	expire t=T                         sweep the whole table
-//	returns                            the next Return the core sends
 //	close                              retire everything (shutdown)
 //	stats
 func TestLeaseCore(t *testing.T) {
 	datadriven.Walk(t, "testdata/lease", func(t *testing.T, path string) {
 		var (
 			l       *Limiter
-			refill  *Refill
-			notices int
+			calls   []*Call // in flight
+			tickets []*Ticket
 		)
 		at := func(d *datadriven.TestData) clock.Nanos {
 			var ms int64
@@ -49,7 +56,7 @@ func TestLeaseCore(t *testing.T) {
 				if err != nil {
 					return "error: " + err.Error()
 				}
-				cfg := Config{AgentID: "agent-1", Region: "eu-west", Notify: func() { notices++ }}
+				cfg := Config{AgentID: "agent-1", Region: "eu-west"}
 				if d.HasArg("guard") {
 					var g int64
 					d.ScanArgs(t, "guard", &g)
@@ -74,71 +81,64 @@ func TestLeaseCore(t *testing.T) {
 				if err != nil {
 					return "error: " + err.Error()
 				}
+				if v.Outcome == Wait {
+					tickets = append(tickets, v.Ticket)
+				}
 				return showVerdict(v)
-			case "acquire":
-				refill = l.NextAcquire(at(d))
-				if refill == nil {
-					return "nothing to acquire"
+			case "call":
+				c := l.NextCall(at(d))
+				if c == nil {
+					return "nothing to send"
 				}
-				var b strings.Builder
-				fmt.Fprintf(&b, "seq=%d version=%s\n", refill.Req.Seq, refill.Req.PolicyVersion)
-				for _, it := range refill.Req.Items {
-					fmt.Fprintf(&b, "%s want=%s min=%s demand=%s/s\n", showRef(it.Bucket), tok(it.WantMicro), tok(it.MinMicro), tok(it.DemandMicroPerSecond))
-				}
-				return b.String()
+				calls = append(calls, c)
+				return showCall(c)
 			case "respond":
-				if refill == nil {
-					d.Fatalf(t, "respond without an acquire in flight")
-				}
-				var err error
-				if d.HasArg("error") {
-					var kind string
-					d.ScanArgs(t, "error", &kind)
-					switch kind {
-					case "unknown-version":
-						err = unknownVersionError(t)
-					case "deadline":
-						err = status.Error(codes.DeadlineExceeded, "context deadline exceeded")
-					case "invalid":
-						err = status.Error(codes.InvalidArgument, "refused")
-					default:
-						err = status.Error(codes.Unavailable, "coordinator unreachable")
+				i := 0
+				if d.HasArg("seq") {
+					var seq uint64
+					d.ScanArgs(t, "seq", &seq)
+					for i < len(calls) && calls[i].Seq() != seq {
+						i++
 					}
 				}
-				resp := &coordinatorv1.AcquireResponse{}
-				if err == nil {
-					for _, line := range strings.Split(strings.TrimSpace(d.Input), "\n") {
-						resp.Results = append(resp.Results, parseResult(t, line))
-					}
+				if i >= len(calls) {
+					d.Fatalf(t, "respond without that call in flight")
 				}
-				r := refill
-				refill = nil
-				if err := l.ApplyAcquire(at(d), r, resp, err); err != nil {
+				c := calls[i]
+				calls = append(calls[:i], calls[i+1:]...)
+				if err := l.Apply(at(d), c, parseReply(t, d, c)); err != nil {
 					return "error: " + err.Error()
 				}
 				return "ok"
-			case "expire":
-				l.Expire(at(d), 0, 1<<shardsLog2)
-				return "ok"
-			case "returns":
-				r := l.NextReturn()
-				if r == nil {
-					return "nothing to return"
+			case "tickets":
+				if len(tickets) == 0 {
+					return "none"
 				}
 				var b strings.Builder
-				fmt.Fprintf(&b, "seq=%d version=%s\n", r.Req.Seq, r.Req.PolicyVersion)
-				for _, it := range r.Req.Items {
-					fmt.Fprintf(&b, "%s unspent=%s granted-at=%d\n", showRef(it.Bucket), tok(it.UnspentMicro), it.GrantedAtMs)
+				kept := tickets[:0]
+				for _, tk := range tickets {
+					select {
+					case <-tk.Ready():
+						fmt.Fprintln(&b, showVerdict(tk.Verdict()))
+					default:
+						fmt.Fprintln(&b, "waiting")
+						kept = append(kept, tk)
+					}
 				}
+				tickets = kept
 				return b.String()
+			case "expire":
+				l.ExpireAll(at(d))
+				return "ok"
 			case "close":
 				l.Close()
 				return "ok"
 			case "stats":
 				s := l.Stats()
 				refills, returns := l.Pending()
-				return fmt.Sprintf("keys=%d acquires=%d resends=%d grants=%d granted=%s denials=%d failures=%d expired=%d evicted=%d unavailable=%d degraded=%d shadow-denied=%d queued-refills=%d queued-returns=%d",
+				return fmt.Sprintf("keys=%d acquires=%d resends=%d grants=%d granted=%s denials=%d failures=%d returns=%d returned=%s skipped=%d expired=%d evicted=%d unavailable=%d degraded=%d shadow-denied=%d queued-refills=%d queued-returns=%d",
 					l.Keys(), s.Acquires.Load(), s.Resends.Load(), s.Grants.Load(), tok(int64(s.GrantedMicro.Load())), s.Denials.Load(), s.ItemFailures.Load()+s.AcquireErrors.Load(),
+					s.Returns.Load(), tok(int64(s.ReturnedMicro.Load())), s.ReturnsSkipped.Load(),
 					s.Expired.Load(), s.Evicted.Load(), s.Unavailable.Load(), s.Degraded.Load(), s.ShadowDenied.Load(), refills, returns)
 			default:
 				d.Fatalf(t, "unknown command %q", d.Cmd)
@@ -146,6 +146,76 @@ func TestLeaseCore(t *testing.T) {
 			}
 		})
 	})
+}
+
+// showCall prints a call as the spec files show it.
+func showCall(c *Call) string {
+	var b strings.Builder
+	if a := c.Acquire; a != nil {
+		fmt.Fprintf(&b, "acquire seq=%d version=%s\n", a.Seq, a.PolicyVersion)
+		for _, it := range a.Items {
+			fmt.Fprintf(&b, "%s needed=%s min=%s demand=%s/s", showRef(it.Bucket), tok(it.NeededMicro), tok(it.MinMicro), tok(it.DemandMicroPerSecond))
+			if it.ReturnMicro > 0 {
+				fmt.Fprintf(&b, " return=%s granted-at=%d", tok(it.ReturnMicro), it.ReturnGrantedAtMs)
+			}
+			b.WriteByte('\n')
+		}
+		for _, it := range a.Returns {
+			fmt.Fprintf(&b, "return %s unspent=%s granted-at=%d\n", showRef(it.Bucket), tok(it.UnspentMicro), it.GrantedAtMs)
+		}
+		return b.String()
+	}
+	fmt.Fprintf(&b, "return seq=%d version=%s\n", c.Return.Seq, c.Return.PolicyVersion)
+	for _, it := range c.Return.Items {
+		fmt.Fprintf(&b, "%s unspent=%s granted-at=%d\n", showRef(it.Bucket), tok(it.UnspentMicro), it.GrantedAtMs)
+	}
+	return b.String()
+}
+
+// parseReply reads the reply to c from a respond command.
+func parseReply(t *testing.T, d *datadriven.TestData, c *Call) Reply {
+	t.Helper()
+	if d.HasArg("error") {
+		var kind string
+		d.ScanArgs(t, "error", &kind)
+		var err error
+		switch kind {
+		case "unknown-version":
+			err = coordinatorv1.UnknownPolicyVersionError("v0")
+		case "deadline":
+			err = status.Error(codes.DeadlineExceeded, "context deadline exceeded")
+		case "invalid":
+			err = status.Error(codes.InvalidArgument, "refused")
+		default:
+			err = status.Error(codes.Unavailable, "coordinator unreachable")
+		}
+		return Reply{Failure: Classify(err)}
+	}
+	var items []*coordinatorv1.AcquireResult
+	var rets []*coordinatorv1.ReturnResult
+	for _, line := range strings.Split(strings.TrimSpace(d.Input), "\n") {
+		if line == "" {
+			continue
+		}
+		f := strings.Fields(line)
+		switch f[0] {
+		case "returned":
+			r := &coordinatorv1.ReturnResult{Status: coordinatorv1.Status_STATUS_OK}
+			if len(f) > 1 {
+				_, v, _ := strings.Cut(f[1], "=")
+				r.CreditedMicro = micro(t, v)
+			}
+			rets = append(rets, r)
+		case "return-failed":
+			rets = append(rets, &coordinatorv1.ReturnResult{Status: coordinatorv1.Status_STATUS_STORE_UNAVAILABLE})
+		default:
+			items = append(items, parseResult(t, line))
+		}
+	}
+	if c.Acquire != nil {
+		return Reply{Acquire: &coordinatorv1.AcquireResponse{Results: items, Returns: rets}}
+	}
+	return Reply{Return: &coordinatorv1.ReturnResponse{Results: rets}}
 }
 
 func showVerdict(v Verdict) string {
@@ -228,6 +298,8 @@ func parseResult(t *testing.T, line string) *coordinatorv1.AcquireResult {
 			r.RetryAfterMs = micro(t, v)
 		case "at":
 			r.GrantedAtMs = micro(t, v)
+		case "credited":
+			r.CreditedMicro = micro(t, v)
 		case "scarce":
 			r.Scarce = true
 		default:
@@ -235,13 +307,4 @@ func parseResult(t *testing.T, line string) *coordinatorv1.AcquireResult {
 		}
 	}
 	return r
-}
-
-func unknownVersionError(t *testing.T) error {
-	t.Helper()
-	err := coordinatorv1.UnknownPolicyVersionError("v0")
-	if !isUnknownVersion(err) {
-		t.Fatal("unknown-version status not recognized")
-	}
-	return err
 }

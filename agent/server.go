@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/bits"
 	"sync"
 	"time"
 
@@ -19,7 +18,6 @@ import (
 	"github.com/leasebucket/leasebucket/agent/audit"
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
-	"github.com/leasebucket/leasebucket/policy"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
 
@@ -123,18 +121,6 @@ const (
 	apiEnvoy  = "envoy"
 )
 
-// Decide is the check path for one query (no idempotency key). It asks the Limiter at the coarse
-// clock's now; without a usable lease it waits for the refill the Limiter queued (at most
-// MaxWait, and never past the caller's deadline less a margin) and asks again; past that bound
-// the rule's failure mode answers (Limiter.Fallback). Errors are malformed checks (ErrInvalid*),
-// ErrClosed, or context.Canceled when the caller went away. Decisions are counted in the metrics
-// and audited.
-func (s *Server) Decide(ctx context.Context, q Query) (Verdict, error) {
-	sl := [1]slot{{q: q}}
-	s.decide(ctx, apiCheck, sl[:])
-	return sl[0].v, sl[0].err
-}
-
 // slot is one check on its way through the check path.
 type slot struct {
 	q        Query
@@ -152,7 +138,7 @@ type slotState uint8
 
 const (
 	slotDone  slotState = iota
-	slotLease           // waits for a refill (v.Ready)
+	slotLease           // waits for a refill (v.Ticket)
 	slotFirst           // waits for the first check of its idempotency key (rec.done)
 )
 
@@ -183,16 +169,27 @@ func (s *Server) recordAll(api string, now clock.Nanos, slots []slot) {
 }
 
 // start takes the first, non-blocking step of a check: a replay of a remembered decision, a
-// decision, or a wait (for a refill, or for the first check of the same idempotency key).
+// decision, or a wait (for a refill, or for the first check of the same idempotency key). A
+// check with an idempotency key is resolved once: the same resolution names its bucket and is
+// decided.
 func (s *Server) start(now clock.Nanos, sl *slot) {
+	v := s.lim.view.Load()
+	if v.closed.Load() {
+		s.resolve(sl, Verdict{}, ErrClosed)
+		return
+	}
+	res, err := s.lim.resolve(v, sl.q)
+	if err != nil {
+		s.resolve(sl, Verdict{}, err)
+		return
+	}
 	if sl.key != "" && s.idem != nil {
+		if len(sl.key) > MaxIdempotencyKey {
+			s.resolve(sl, Verdict{}, fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidIdempotencyKey, len(sl.key), MaxIdempotencyKey))
+			return
+		}
 		if sl.ik.bucket == "" {
-			ik, err := s.idemKey(sl.q, sl.key)
-			if err != nil {
-				s.resolve(sl, Verdict{}, err)
-				return
-			}
-			sl.ik = ik
+			sl.ik = idemKey{bucket: res.key(sl.q.Tenant), key: sl.key}
 		}
 		sl.rec, sl.leader = s.idem.begin(now, sl.ik)
 		if !sl.leader {
@@ -205,32 +202,16 @@ func (s *Server) start(now clock.Nanos, sl *slot) {
 			return
 		}
 	}
-	v, err := s.lim.Check(now, sl.q)
-	if err == nil && v.Outcome == Wait {
+	s.await(sl, s.lim.check(now, &res, sl.q.Tenant))
+}
+
+// await completes a slot with a verdict, or makes it wait for the verdict's ticket.
+func (s *Server) await(sl *slot, v Verdict) {
+	if v.Outcome == Wait {
 		sl.v, sl.state = v, slotLease
 		return
 	}
-	s.resolve(sl, v, err)
-}
-
-// idemKey names the bucket a check is charged to, for its idempotency key.
-func (s *Server) idemKey(q Query, key string) (idemKey, error) {
-	if len(key) > MaxIdempotencyKey {
-		return idemKey{}, fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidIdempotencyKey, len(key), MaxIdempotencyKey)
-	}
-	set := s.lim.Policy()
-	r, err := set.Match(q.Path, q.Operation)
-	if err != nil {
-		return idemKey{}, fmt.Errorf("%w: %w", ErrInvalidRoute, err)
-	}
-	bk, err := set.Key(r, q.Tenant, s.lim.cfg.Region)
-	if err != nil {
-		if errors.Is(err, policy.ErrInvalidTenant) {
-			return idemKey{}, fmt.Errorf("%w: %w", ErrInvalidTenant, err)
-		}
-		return idemKey{}, fmt.Errorf("%w: %w", ErrInvalidRoute, err)
-	}
-	return idemKey{bucket: bk, key: key}, nil
+	s.resolve(sl, v, nil)
 }
 
 // resolve completes a slot; the leader of an idempotency key publishes its decision at once,
@@ -262,8 +243,10 @@ func (s *Server) settle(ctx context.Context, slots []slot) {
 	for i := range slots {
 		sl := &slots[i]
 		for !expired && sl.state != slotDone {
-			ready := sl.v.Ready()
-			if sl.state == slotFirst {
+			var ready <-chan struct{}
+			if sl.state == slotLease {
+				ready = sl.v.Ticket.Ready()
+			} else {
 				ready = sl.rec.done
 			}
 			select {
@@ -274,6 +257,9 @@ func (s *Server) settle(ctx context.Context, slots []slot) {
 			case <-ctx.Done():
 				if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 					for j := i; j < len(slots); j++ {
+						if slots[j].state == slotLease {
+							s.lim.Fallback(s.clk.Now(), slots[j].v.Ticket) // leaves its key's queue
+						}
 						if slots[j].state != slotDone {
 							s.resolve(&slots[j], Verdict{}, ctx.Err())
 						}
@@ -287,8 +273,7 @@ func (s *Server) settle(ctx context.Context, slots []slot) {
 		switch sl.state {
 		case slotLease:
 			s.metrics.fallback()
-			v, err := s.lim.Fallback(s.clk.Now(), sl.q)
-			s.resolve(sl, v, err)
+			s.resolve(sl, s.lim.Fallback(s.clk.Now(), sl.v.Ticket), nil)
 		case slotFirst:
 			s.resolve(sl, Verdict{}, ErrIdempotencyPending)
 		}
@@ -298,12 +283,18 @@ func (s *Server) settle(ctx context.Context, slots []slot) {
 // proceed takes the next step of a slot whose wait ended.
 func (s *Server) proceed(sl *slot) {
 	if sl.state == slotLease {
-		v, err := s.lim.Check(s.clk.Now(), sl.q)
-		if err == nil && v.Outcome == Wait {
-			sl.v = v
+		v := sl.v.Ticket.Verdict()
+		if v.Outcome != Wait {
+			s.resolve(sl, v, nil)
 			return
 		}
-		s.resolve(sl, v, err)
+		// Its key was retired while it waited: check again against the current view.
+		v, err := s.lim.Check(s.clk.Now(), sl.q)
+		if err != nil {
+			s.resolve(sl, v, err)
+			return
+		}
+		s.await(sl, v)
 		return
 	}
 	if sl.rec.ok {
@@ -395,20 +386,11 @@ func fillResponse(resp *agentv1.CheckResponse, v Verdict) {
 }
 
 // resetMs is how long the bucket of lim takes from level to full at its rate, rounded up; 0 if it
-// is full or never refills. The product can pass 2^63, so it is computed in 128 bits.
+// is full or never refills.
 func resetMs(lim bucket.Limit, level bucket.Micro) int64 {
-	num, den := lim.Rate()
-	missing := lim.Capacity() - level
-	if missing <= 0 || num <= 0 {
+	d, ok := bucket.State{Tokens: level}.TimeToFull(lim)
+	if !ok {
 		return 0
 	}
-	hi, lo := bits.Mul64(uint64(missing), uint64(den))
-	if hi >= uint64(num) {
-		return int64(lim.FillTime())
-	}
-	q, r := bits.Div64(hi, lo, uint64(num))
-	if r > 0 {
-		q++
-	}
-	return int64(min(q, uint64(lim.FillTime())))
+	return int64(d)
 }

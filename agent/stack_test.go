@@ -24,6 +24,7 @@ import (
 	"github.com/leasebucket/leasebucket/coordinator/memstore"
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
+	"github.com/leasebucket/leasebucket/internal/lease"
 	"github.com/leasebucket/leasebucket/policy"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
@@ -248,9 +249,15 @@ func newStack(t testing.TB, set *policy.Set, o stackOptions) *stack {
 		Metrics: metrics,
 		Logger:  log,
 	})
-	s.lim = agent.New(agent.Config{AgentID: "agent-test", Guard: clock.Guard, MaxKeys: o.maxKeys, Notify: s.ref.Notify}, set)
+	s.lim = agent.New(agent.Config{AgentID: "agent-test", Guard: clock.Guard, MaxKeys: o.maxKeys}, set)
 	s.ref.Start(s.lim)
 	t.Cleanup(func() { s.stop(t) })
+	if o.maxWait == 0 {
+		// A check on a key without a lease waits for a refill: on a loaded test machine that can
+		// take longer than the production default, which would answer with the failure mode.
+		// Tests of the wait bound set their own.
+		o.maxWait = 2 * time.Second
+	}
 	s.srv = agent.NewServer(agent.ServerConfig{Limiter: s.lim, Clock: s.clk, MaxWait: o.maxWait, Metrics: metrics, Logger: log,
 		IdempotencyWindow: o.idemWindow, IdempotencyKeys: o.idemKeys, Audit: o.audit})
 	s.reg = prometheus.NewRegistry()
@@ -351,4 +358,27 @@ func mustRead(t testing.TB, file string) []byte {
 		t.Fatal(err)
 	}
 	return data
+}
+
+// warm checks q until its key holds a lease: a key with no demand holds none, so the checks are
+// spread over more than a demand sample (lease.MinSample). Each check must be allowed.
+func (s *stack) warm(t testing.TB, q agent.Query) {
+	t.Helper()
+	before := s.lim.Outstanding()
+	for i := 0; ; i++ {
+		if i == 20 {
+			t.Fatalf("%v: no lease after %d checks", q, i)
+		}
+		if v, err := s.srv.Decide(ctxTimeout(t, 5*time.Second), q); err != nil || v.Outcome != agent.Allow {
+			t.Fatalf("warming %v: check %d = %v, %v", q, i, v.Outcome, err)
+		}
+		eventually(t, 5*time.Second, "refills settle", func() bool {
+			refills, returns := s.lim.Pending()
+			return refills == 0 && returns == 0 && s.ref.InFlight() == 0
+		})
+		if s.lim.Outstanding() > before {
+			return
+		}
+		time.Sleep(lease.MinSample / 2)
+	}
 }

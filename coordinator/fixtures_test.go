@@ -183,5 +183,5 @@ func acquire(agent string, seq uint64, version string, items ...*coordinatorv1.A
 }
 
 func item(r *coordinatorv1.BucketRef, want, least bucket.Micro) *coordinatorv1.AcquireItem {
-	return &coordinatorv1.AcquireItem{Bucket: r, WantMicro: int64(want), MinMicro: int64(least)}
+	return &coordinatorv1.AcquireItem{Bucket: r, NeededMicro: int64(want), MinMicro: int64(least)}
 }

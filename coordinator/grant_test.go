@@ -18,8 +18,10 @@ import (
 // grant rule"). Commands act on one bucket shape:
 //
 //	limit capacity=C amount=A period=P          the bucket (amounts in µ, or tokens with a t suffix)
-//	plan want=W min=M [demand=D]                PlanGrant (D in µ per second)
-//	grant tokens=B want=W min=M [demand=D]      PlanGrant, then the store's TakeShare on a bucket
+//	plan needed=N min=M [demand=D] [cost=U] [direct]
+//	                                            PlanGrant (D in µ per second; U one request's cost,
+//	                                            1t if absent; direct: the rule has lease: off)
+//	grant tokens=B needed=N min=M [...]         PlanGrant, then the store's TakeShare on a bucket
 //	                                            holding B, and Scarce on the outcome
 //
 // Rewrite the expected outputs with `go test ./coordinator -run TestGrantSpec -rewrite`.
@@ -36,19 +38,19 @@ func TestGrantSpec(t *testing.T) {
 				}
 				return fmt.Sprintf("%s fill=%dms ttl=%s", l, l.FillTime(), lease.TTL(l))
 			case "plan":
-				p, err := PlanGrant(l, bucket.Micro(arg(t, d, "want")), bucket.Micro(arg(t, d, "min")), bucket.Micro(optArg(t, d, "demand")))
+				p, err := planArgs(t, d, l)
 				if err != nil {
 					return "error: " + err.Error()
 				}
 				return showPlan(p)
 			case "grant":
-				p, err := PlanGrant(l, bucket.Micro(arg(t, d, "want")), bucket.Micro(arg(t, d, "min")), bucket.Micro(optArg(t, d, "demand")))
+				p, err := planArgs(t, d, l)
 				if err != nil {
 					return "error: " + err.Error()
 				}
 				const now = 1_000_000
 				s := bucket.State{Tokens: bucket.Micro(arg(t, d, "tokens")), Last: now}
-				r := s.TakeShare(l, now, p.Want, p.Min, p.Share)
+				r := s.TakeShare(l, now, p.Want, p.Least, p.Share, p.Unit)
 				out := fmt.Sprintf("%s\ngranted=%s remaining=%s retry=%s", showPlan(p), tok(r.Granted), tok(r.Remaining), ms(r.RetryAfter))
 				if r.Granted > 0 {
 					out += fmt.Sprintf(" scarce=%t", Scarce(p, l, r.Granted, r.Remaining))
@@ -62,8 +64,18 @@ func TestGrantSpec(t *testing.T) {
 	})
 }
 
-func showPlan(p Plan) string {
-	return fmt.Sprintf("want=%s min=%s share=%d‰ ttl=%s", tok(p.Want), tok(p.Min), p.Share, p.TTL)
+func planArgs(t *testing.T, d *datadriven.TestData, l bucket.Limit) (lease.Plan, error) {
+	cost := bucket.PerToken
+	if d.HasArg("cost") {
+		cost = bucket.Micro(arg(t, d, "cost"))
+	}
+	return PlanGrant(l, cost, d.HasArg("direct"), lease.Ask{
+		Needed: bucket.Micro(arg(t, d, "needed")), Least: bucket.Micro(arg(t, d, "min")), Demand: bucket.Micro(optArg(t, d, "demand")),
+	})
+}
+
+func showPlan(p lease.Plan) string {
+	return fmt.Sprintf("want=%s min=%s unit=%s share=%d‰ ttl=%s", tok(p.Want), tok(p.Least), tok(p.Unit), p.Share, p.TTL)
 }
 
 // arg reads an integer argument; a "t" suffix means whole tokens.
@@ -107,56 +119,78 @@ func ms(m bucket.Millis) string {
 func TestPlanGrantRejects(t *testing.T) {
 	l := mustLimit(t, 20*bucket.PerToken, 100*bucket.PerToken, 60_000)
 	for _, tc := range []struct {
-		want, least, demand bucket.Micro
-		err                 error
+		ask  lease.Ask
+		cost bucket.Micro
+		err  error
 	}{
-		{want: 1, least: 0, err: ErrInvalidRequest},
-		{want: -1, least: 1, err: ErrInvalidRequest},
-		{want: 1, least: 1, demand: -1, err: ErrInvalidRequest},
-		{want: 30 * bucket.PerToken, least: 21 * bucket.PerToken, err: ErrCostAboveCapacity},
-		{want: 1, least: 20*bucket.PerToken + 1, err: ErrCostAboveCapacity},
-		{want: 0, least: 20 * bucket.PerToken},
+		{ask: lease.Ask{Needed: 1, Least: 0}, cost: 1, err: ErrInvalidRequest},
+		{ask: lease.Ask{Needed: -1, Least: 1}, cost: 1, err: ErrInvalidRequest},
+		{ask: lease.Ask{Needed: 1, Least: 1, Demand: -1}, cost: 1, err: ErrInvalidRequest},
+		{ask: lease.Ask{Needed: 1, Least: 1}, cost: 0, err: ErrInvalidRequest},
+		{ask: lease.Ask{Needed: 30 * bucket.PerToken, Least: 21 * bucket.PerToken}, cost: bucket.PerToken, err: ErrCostAboveCapacity},
+		{ask: lease.Ask{Needed: 1, Least: 20*bucket.PerToken + 1}, cost: bucket.PerToken, err: ErrCostAboveCapacity},
+		{ask: lease.Ask{Needed: 0, Least: 20 * bucket.PerToken}, cost: bucket.PerToken},
 	} {
-		_, err := PlanGrant(l, tc.want, tc.least, tc.demand)
+		_, err := PlanGrant(l, tc.cost, false, tc.ask)
 		if !errors.Is(err, tc.err) || (tc.err == nil) != (err == nil) {
-			t.Errorf("PlanGrant(%v, want=%d, min=%d, demand=%d) error = %v, want %v", l, tc.want, tc.least, tc.demand, err, tc.err)
+			t.Errorf("PlanGrant(%v, cost=%d, %+v) error = %v, want %v", l, tc.cost, tc.ask, err, tc.err)
 		}
 	}
 }
 
 // FuzzPlanGrant checks the rule's invariants on any limit and any request: the size asked of
-// the store is between one request's cost and the capacity, and never more than twice what the
-// reported demand over half a lease justifies; the lifetime is within [MinTTL, MaxTTL].
+// the store is between the least grant and the capacity; beyond what the waiting checks need it
+// is whole requests of the route, and never more than the reported demand over half a lease; a
+// key with no demand asks for exactly what its waiting checks need; direct mode asks for exactly
+// that, uncapped by the share, and keeps no lease; the lifetime of a lease is within
+// [MinTTL, MaxTTL].
 func FuzzPlanGrant(f *testing.F) {
-	f.Add(int64(20_000_000), int64(100_000_000), int64(60_000), int64(5_000_000), int64(1_000_000), int64(0))
-	f.Add(int64(1), int64(1), int64(1), int64(1), int64(1), int64(1))
-	f.Add(int64(1<<50), int64(1<<40), int64(3), int64(1<<62), int64(7), int64(1<<62))
-	f.Add(int64(1_000_000), int64(0), int64(0), int64(0), int64(1), int64(-5))
-	f.Fuzz(func(t *testing.T, capacity, amount, period, want, least, demand int64) {
+	f.Add(int64(20_000_000), int64(100_000_000), int64(60_000), int64(5_000_000), int64(1_000_000), int64(0), int64(1_000_000), false)
+	f.Add(int64(1), int64(1), int64(1), int64(1), int64(1), int64(1), int64(1), false)
+	f.Add(int64(1<<50), int64(1<<40), int64(3), int64(1<<62), int64(7), int64(1<<62), int64(7), false)
+	f.Add(int64(1_000_000), int64(0), int64(0), int64(0), int64(1), int64(-5), int64(1), true)
+	f.Add(int64(100_000_000), int64(100_000_000), int64(1000), int64(3_000_000), int64(1_000_000), int64(40_000_000), int64(1_000_000), false)
+	f.Fuzz(func(t *testing.T, capacity, amount, period, needed, least, demand, cost int64, direct bool) {
 		l, err := bucket.NewLimit(bucket.Micro(capacity), bucket.Micro(amount), bucket.Millis(period))
 		if err != nil {
 			return
 		}
-		p, err := PlanGrant(l, bucket.Micro(want), bucket.Micro(least), bucket.Micro(demand))
+		ask := lease.Ask{Needed: bucket.Micro(needed), Least: bucket.Micro(least), Demand: bucket.Micro(demand)}
+		p, err := PlanGrant(l, bucket.Micro(cost), direct, ask)
 		c := l.Capacity()
 		switch {
-		case least < 1 || want < 0 || demand < 0:
+		case least < 1 || needed < 0 || demand < 0 || cost < 1 || needed > bucket.MaxExact/2:
 			if !errors.Is(err, ErrInvalidRequest) {
-				t.Fatalf("PlanGrant(%v, %d, %d, %d) = %+v, %v, want ErrInvalidRequest", l, want, least, demand, p, err)
+				t.Fatalf("PlanGrant(%v, %d, %t, %+v) = %+v, %v, want ErrInvalidRequest", l, cost, direct, ask, p, err)
 			}
 			return
 		case bucket.Micro(least) > c:
 			if !errors.Is(err, ErrCostAboveCapacity) {
-				t.Fatalf("PlanGrant(%v, %d, %d, %d) = %+v, %v, want ErrCostAboveCapacity", l, want, least, demand, p, err)
+				t.Fatalf("PlanGrant(%v, %d, %t, %+v) = %+v, %v, want ErrCostAboveCapacity", l, cost, direct, ask, p, err)
 			}
 			return
 		case err != nil:
-			t.Fatalf("PlanGrant(%v, %d, %d, %d): %v", l, want, least, demand, err)
+			t.Fatalf("PlanGrant(%v, %d, %t, %+v): %v", l, cost, direct, ask, err)
 		}
-		justified := lease.Want(min(bucket.Micro(demand), bucket.MaxExact), p.TTL, bucket.Micro(least), c)
-		if p.Min != bucket.Micro(least) || p.Want < p.Min || p.Want > c || p.Want > max(p.Min, 2*justified) {
-			t.Fatalf("PlanGrant(%v, %d, %d, %d) = %+v: want outside [min, min(capacity, max(min, 2·%d))]",
-				l, want, least, demand, p, justified)
+		need := min(c, max(bucket.Micro(least), bucket.Micro(needed)))
+		if p.Least != bucket.Micro(least) || p.Want < p.Least || p.Want > c || p.Unit != bucket.Micro(cost) {
+			t.Fatalf("PlanGrant(%v, %d, %t, %+v) = %+v: want outside [least, capacity]", l, cost, direct, ask, p)
+		}
+		if direct {
+			if p.Want != need || p.Share != bucket.WholeShare || p.TTL != 0 {
+				t.Fatalf("direct PlanGrant(%v, %d, %+v) = %+v, want exactly %d µ, whole share, no lease", l, cost, ask, p, need)
+			}
+			return
+		}
+		extra := p.Want - need
+		justified := min(bucket.Micro(demand), bucket.MaxExact/2) / 1000 * bucket.Micro(p.TTL/time.Millisecond) / lease.Refills
+		switch {
+		case p.Want < c && extra%bucket.Micro(cost) != 0:
+			t.Fatalf("PlanGrant(%v, %d, %+v) = %+v: the lease beyond the waiting checks is not whole requests", l, cost, ask, p)
+		case extra > justified:
+			t.Fatalf("PlanGrant(%v, %d, %+v) = %+v: %d µ beyond the waiting checks, demand justifies %d", l, cost, ask, p, extra, justified)
+		case demand == 0 && p.Want != need:
+			t.Fatalf("PlanGrant(%v, %d, %+v) = %+v: no demand, want exactly what waits (%d)", l, cost, ask, p, need)
 		}
 		if p.Share != lease.Share || p.TTL < lease.MinTTL || p.TTL > lease.MaxTTL || p.TTL%time.Millisecond != 0 {
 			t.Fatalf("PlanGrant(%v, ...) = %+v: share or lifetime out of range", l, p)

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/lease"
 	"github.com/leasebucket/leasebucket/policy"
 	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
 )
@@ -101,8 +102,9 @@ func (s *Service) policy(version string) *policy.Set {
 	return nil
 }
 
-// resolved is one item's bucket: its key and limit, or the status that rejects it.
+// resolved is one item's bucket: its route, key and limit, or the status that rejects it.
 type resolved struct {
+	route  policy.Route
 	key    string
 	limits *policy.Limits
 	status coordinatorv1.Status
@@ -123,11 +125,7 @@ func resolve(set *policy.Set, ref *coordinatorv1.BucketRef) resolved {
 		}
 		return resolved{status: coordinatorv1.Status_STATUS_INVALID}
 	}
-	key, err := set.Key(r, ref.Tenant, ref.Region)
-	if err != nil {
-		return resolved{status: coordinatorv1.Status_STATUS_INVALID}
-	}
-	return resolved{key: key, limits: lim}
+	return resolved{route: r, key: set.KeyFor(r, ref.Tenant, lim), limits: lim}
 }
 
 func (s *Service) validate(agent string, seq uint64, version string, items int) (*policy.Set, error) {
@@ -148,19 +146,21 @@ func (s *Service) validate(agent string, seq uint64, version string, items int) 
 	return set, nil
 }
 
-// Acquire debits the global buckets of many keys in one store round trip and grants leases.
-// Items whose reference the policy does not hold, malformed items and a second item on a key
-// already in the batch (it would be answered from the first one's idempotency record) are
-// rejected per item without touching the store.
+// Acquire debits the global buckets of many keys in one store round trip and grants leases, and
+// credits the leases handed back with it, in the same round trip: a key's own lease in its item
+// (one atomic operation: credit, then take), other keys' in req.Returns (takes that only credit). Items whose reference
+// the policy does not hold, malformed items and a second item on a key already in the call (it
+// would be answered from the first one's idempotency record) are rejected per item without
+// touching the store.
 func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest) (*coordinatorv1.AcquireResponse, error) {
-	set, err := s.validate(req.AgentId, req.Seq, req.PolicyVersion, len(req.Items))
+	set, err := s.validate(req.AgentId, req.Seq, req.PolicyVersion, len(req.Items)+len(req.Returns))
 	if err != nil {
 		return nil, err
 	}
 	s.metrics.batchSize(methodAcquire, len(req.Items))
 	op := OpID{Agent: req.AgentId, Seq: req.Seq}
 	results := make([]*coordinatorv1.AcquireResult, len(req.Items))
-	plans := make([]Plan, len(req.Items))
+	plans := make([]lease.Plan, len(req.Items))
 	takes := make([]TakeRequest, 0, len(req.Items))
 	at := make([]int, 0, len(req.Items)) // takes[j] answers item at[j]
 	var seen keySet
@@ -170,14 +170,19 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 			results[i] = &coordinatorv1.AcquireResult{Status: res.status}
 			continue
 		}
-		p, err := PlanGrant(res.limits.Bucket, bucket.Micro(it.WantMicro), bucket.Micro(it.MinMicro), bucket.Micro(it.DemandMicroPerSecond))
+		cost := bucket.Micro(set.Cost(res.route)) * bucket.PerToken
+		p, err := PlanGrant(res.limits.Bucket, cost, res.route.Rule.Direct, lease.Ask{
+			Needed: bucket.Micro(it.NeededMicro), Least: bucket.Micro(it.MinMicro), Demand: bucket.Micro(it.DemandMicroPerSecond),
+		})
 		if errors.Is(err, ErrCostAboveCapacity) {
-			// No wait can satisfy it: denied for good, nothing charged.
+			// No wait can satisfy it: denied for good, nothing charged (a lease handed back with
+			// it is lost: an agent never sends one with a cost the policy refuses).
 			results[i] = &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_DENIED,
 				RetryAfterMs: int64(bucket.Never), Scarce: true}
 			continue
 		}
-		t := TakeRequest{Key: res.key, Limit: res.limits.Bucket, Want: p.Want, Min: p.Min, Share: p.Share, Op: op}
+		t := TakeRequest{Key: res.key, Limit: res.limits.Bucket, Want: p.Want, Min: p.Least, Share: p.Share, Unit: p.Unit,
+			Credit: Credit{Amount: bucket.Micro(it.ReturnMicro), GrantedAt: bucket.Millis(it.ReturnGrantedAtMs)}, Op: op}
 		if err != nil || t.Validate() != nil || !seen.add(res.key) {
 			results[i] = &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_INVALID}
 			continue
@@ -186,10 +191,16 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 		takes = append(takes, t)
 		at = append(at, i)
 	}
+	// Leases of other keys ride in the same store batch: a take that only credits.
+	rets, retAt, retResults := s.returnRequests(set, op, req.Returns, &seen)
+	for _, r := range rets {
+		takes = append(takes, TakeRequest{Key: r.Key, Limit: r.Limit, Credit: Credit{Amount: r.Amount, GrantedAt: r.GrantedAt}, Op: op})
+	}
+	var out []TakeResult
 	if len(takes) > 0 {
 		sctx, cancel := s.storeContext(ctx)
 		start := time.Now()
-		out, err := s.store.Take(sctx, takes)
+		out, err = s.store.Take(sctx, takes)
 		cancel()
 		if err == nil && len(out) != len(takes) {
 			err = fmt.Errorf("coordinator: store answered %d of %d takes", len(out), len(takes))
@@ -198,25 +209,37 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 		if err != nil {
 			return nil, s.storeError(ctx, "acquire", err)
 		}
-		var itemErr error
-		for j, r := range out {
-			i := at[j]
-			results[i] = acquireResult(plans[i], takes[j].Limit, r)
-			if r.Err != nil && !errors.Is(r.Err, ErrInvalidRequest) {
-				s.metrics.storeItemError(methodAcquire)
-				itemErr = cmp.Or(itemErr, r.Err)
-			}
-			s.metrics.granted(r)
-		}
-		s.logItemError("acquire", itemErr)
 	}
+	var itemErr error
+	for j, r := range out[:len(at)] {
+		i := at[j]
+		results[i] = acquireResult(plans[i], takes[j].Limit, r)
+		if r.Err != nil && !errors.Is(r.Err, ErrInvalidRequest) {
+			s.metrics.storeItemError(methodAcquire)
+			itemErr = cmp.Or(itemErr, r.Err)
+		}
+		s.metrics.granted(r)
+		if r.Err == nil && !r.Stale && takes[j].Credit.Amount > 0 {
+			s.metrics.returned(ReturnResult{Result: bucket.Result{Granted: r.Credited}, Replayed: r.Replayed}, takes[j].Credit.Amount)
+		}
+	}
+	s.logItemError("acquire", itemErr)
 	for _, r := range results {
 		s.metrics.item(methodAcquire, r.Status)
 	}
-	return &coordinatorv1.AcquireResponse{Results: results}, nil
+	resp := &coordinatorv1.AcquireResponse{Results: results}
+	if len(req.Returns) > 0 {
+		retOut := make([]ReturnResult, len(rets))
+		for j, r := range out[len(at):] {
+			retOut[j] = ReturnResult{Result: bucket.Result{Granted: r.Credited, Remaining: r.Remaining}, Now: r.Now,
+				Replayed: r.Replayed, Stale: r.Stale, Err: r.Err}
+		}
+		resp.Returns = s.returnResults(retResults, rets, retAt, retOut)
+	}
+	return resp, nil
 }
 
-func acquireResult(p Plan, limit bucket.Limit, r TakeResult) *coordinatorv1.AcquireResult {
+func acquireResult(p lease.Plan, limit bucket.Limit, r TakeResult) *coordinatorv1.AcquireResult {
 	switch {
 	case errors.Is(r.Err, ErrInvalidRequest):
 		return &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_INVALID}
@@ -229,8 +252,10 @@ func acquireResult(p Plan, limit bucket.Limit, r TakeResult) *coordinatorv1.Acqu
 			Status:         coordinatorv1.Status_STATUS_DENIED,
 			RetryAfterMs:   int64(r.RetryAfter),
 			RemainingMicro: int64(r.Remaining),
+			GrantedAtMs:    int64(r.Now),
 			Scarce:         true,
 			Replayed:       r.Replayed,
+			CreditedMicro:  int64(r.Credited),
 		}
 	}
 	return &coordinatorv1.AcquireResult{
@@ -241,6 +266,7 @@ func acquireResult(p Plan, limit bucket.Limit, r TakeResult) *coordinatorv1.Acqu
 		GrantedAtMs:    int64(r.Now),
 		Scarce:         Scarce(p, limit, r.Granted, r.Remaining),
 		Replayed:       r.Replayed,
+		CreditedMicro:  int64(r.Credited),
 	}
 }
 
@@ -251,13 +277,29 @@ func (s *Service) Return(ctx context.Context, req *coordinatorv1.ReturnRequest) 
 	if err != nil {
 		return nil, err
 	}
-	s.metrics.batchSize(methodReturn, len(req.Items))
-	op := OpID{Agent: req.AgentId, Seq: req.Seq}
-	results := make([]*coordinatorv1.ReturnResult, len(req.Items))
-	rets := make([]ReturnRequest, 0, len(req.Items))
-	at := make([]int, 0, len(req.Items))
 	var seen keySet
-	for i, it := range req.Items {
+	rets, at, results := s.returnRequests(set, OpID{Agent: req.AgentId, Seq: req.Seq}, req.Items, &seen)
+	var out []ReturnResult
+	if len(rets) > 0 {
+		if out, err = s.storeReturn(ctx, rets); err != nil {
+			return nil, s.storeError(ctx, "return", err)
+		}
+	}
+	return &coordinatorv1.ReturnResponse{Results: s.returnResults(results, rets, at, out)}, nil
+}
+
+// returnRequests resolves the items of a Return (or the returns of an Acquire, whose keys are in
+// seen already): the store requests, the item each answers, and the results of the items
+// rejected without touching the store (nil for the others).
+func (s *Service) returnRequests(set *policy.Set, op OpID, items []*coordinatorv1.ReturnItem, seen *keySet) ([]ReturnRequest, []int, []*coordinatorv1.ReturnResult) {
+	if len(items) == 0 {
+		return nil, nil, nil
+	}
+	s.metrics.batchSize(methodReturn, len(items))
+	results := make([]*coordinatorv1.ReturnResult, len(items))
+	rets := make([]ReturnRequest, 0, len(items))
+	at := make([]int, 0, len(items))
+	for i, it := range items {
 		res := resolve(set, it.Bucket)
 		if res.status != coordinatorv1.Status_STATUS_UNSPECIFIED {
 			results[i] = &coordinatorv1.ReturnResult{Status: res.status}
@@ -274,41 +316,48 @@ func (s *Service) Return(ctx context.Context, req *coordinatorv1.ReturnRequest) 
 		rets = append(rets, r)
 		at = append(at, i)
 	}
-	if len(rets) > 0 {
-		sctx, cancel := s.storeContext(ctx)
-		start := time.Now()
-		out, err := s.store.Return(sctx, rets)
-		cancel()
-		if err == nil && len(out) != len(rets) {
-			err = fmt.Errorf("coordinator: store answered %d of %d returns", len(out), len(rets))
-		}
-		s.metrics.store(methodReturn, time.Since(start), err)
-		if err != nil {
-			return nil, s.storeError(ctx, "return", err)
-		}
-		var itemErr error
-		for j, r := range out {
-			res := &coordinatorv1.ReturnResult{Status: coordinatorv1.Status_STATUS_OK, CreditedMicro: int64(r.Granted), Replayed: r.Replayed}
-			switch {
-			case errors.Is(r.Err, ErrInvalidRequest):
-				res = &coordinatorv1.ReturnResult{Status: coordinatorv1.Status_STATUS_INVALID}
-			case r.Err != nil:
-				res = &coordinatorv1.ReturnResult{Status: coordinatorv1.Status_STATUS_STORE_UNAVAILABLE}
-				s.metrics.storeItemError(methodReturn)
-				itemErr = cmp.Or(itemErr, r.Err)
-			case r.Stale:
-				res = &coordinatorv1.ReturnResult{Status: coordinatorv1.Status_STATUS_STALE}
-			default:
-				s.metrics.returned(r, rets[j].Amount)
-			}
-			results[at[j]] = res
-		}
-		s.logItemError("return", itemErr)
+	return rets, at, results
+}
+
+// storeReturn runs one batch of returns against the store.
+func (s *Service) storeReturn(ctx context.Context, rets []ReturnRequest) ([]ReturnResult, error) {
+	sctx, cancel := s.storeContext(ctx)
+	start := time.Now()
+	out, err := s.store.Return(sctx, rets)
+	cancel()
+	if err == nil && len(out) != len(rets) {
+		err = fmt.Errorf("coordinator: store answered %d of %d returns", len(out), len(rets))
 	}
+	s.metrics.store(methodReturn, time.Since(start), err)
+	return out, err
+}
+
+// returnResults fills in the results of the returns the store answered (out[j] answers rets[j],
+// item at[j]).
+func (s *Service) returnResults(results []*coordinatorv1.ReturnResult, rets []ReturnRequest, at []int, out []ReturnResult) []*coordinatorv1.ReturnResult {
+	var itemErr error
+	for j, i := range at {
+		r := out[j]
+		res := &coordinatorv1.ReturnResult{Status: coordinatorv1.Status_STATUS_OK, CreditedMicro: int64(r.Granted), Replayed: r.Replayed}
+		switch {
+		case errors.Is(r.Err, ErrInvalidRequest):
+			res = &coordinatorv1.ReturnResult{Status: coordinatorv1.Status_STATUS_INVALID}
+		case r.Err != nil:
+			res = &coordinatorv1.ReturnResult{Status: coordinatorv1.Status_STATUS_STORE_UNAVAILABLE}
+			s.metrics.storeItemError(methodReturn)
+			itemErr = cmp.Or(itemErr, r.Err)
+		case r.Stale:
+			res = &coordinatorv1.ReturnResult{Status: coordinatorv1.Status_STATUS_STALE}
+		default:
+			s.metrics.returned(r, rets[j].Amount)
+		}
+		results[i] = res
+	}
+	s.logItemError("return", itemErr)
 	for _, r := range results {
 		s.metrics.item(methodReturn, r.Status)
 	}
-	return &coordinatorv1.ReturnResponse{Results: results}, nil
+	return results
 }
 
 // storeContext is ctx bounded by the store timeout, if one is set.

@@ -41,7 +41,7 @@ func TestAcquireItems(t *testing.T) {
 		5:  item(hot, tok, tok),                                                                                                           // the same key again
 		6:  item(ref("hot", "zeta"), 60*tok, 51*tok),                                                                                      // cost above capacity 50
 		7:  item(eu, 2*tok, tok),
-		8:  {Bucket: nil, WantMicro: 1, MinMicro: 1},
+		8:  {Bucket: nil, NeededMicro: 1, MinMicro: 1},
 		9:  item(global, tok, tok),
 		10: item(globalAgain, tok, tok),
 	}
@@ -431,4 +431,60 @@ func gather(t *testing.T, reg prometheus.Gatherer, expr string) float64 {
 		}
 	}
 	return total
+}
+
+// TestAcquireHandsBack: leases handed back ride in an Acquire, in the same store round trip: a
+// key's own lease in its item is credited before its take, other keys' in Returns are credited
+// alone; a key named twice in one call, or a return of a key the call refills, is refused; a
+// retry of the call (same seq) is answered from the records, charging and crediting nothing.
+func TestAcquireHandsBack(t *testing.T) {
+	set := mustPolicy(t, "v1")
+	store := memstore.New(memstore.WithClock(func() bucket.Millis { return 1_000_000 })) // no refill: exact credits
+	svc := coordinator.NewService(store, set)
+	a, b := ref("slow", "a"), ref("slow", "b")
+	first, err := svc.Acquire(ctxFor(t, 10*time.Second), acquire("agent-1", 1, "v1", item(a, 10*tok, tok), item(b, 10*tok, tok)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := first.Results[0].GrantedAtMs
+	req := acquire("agent-1", 2, "v1", &coordinatorv1.AcquireItem{Bucket: a, NeededMicro: int64(2 * tok), MinMicro: int64(tok),
+		ReturnMicro: int64(4 * tok), ReturnGrantedAtMs: at})
+	req.Returns = []*coordinatorv1.ReturnItem{
+		{Bucket: b, UnspentMicro: int64(6 * tok), GrantedAtMs: at},
+		{Bucket: a, UnspentMicro: int64(tok), GrantedAtMs: at}, // a key the call refills
+		{Bucket: b, UnspentMicro: int64(tok), GrantedAtMs: at}, // the same key again
+		{Bucket: ref("nope", "x"), UnspentMicro: int64(tok), GrantedAtMs: at},
+	}
+	wantReturns := []coordinatorv1.Status{coordinatorv1.Status_STATUS_OK, coordinatorv1.Status_STATUS_INVALID,
+		coordinatorv1.Status_STATUS_INVALID, coordinatorv1.Status_STATUS_UNKNOWN_ROUTE}
+	for attempt, replayed := range []bool{false, true} {
+		resp, err := svc.Acquire(ctxFor(t, 10*time.Second), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// 100000 tokens, 10 taken at seq 1, 4 credited back, 2 taken.
+		if r := resp.Results[0]; r.Status != coordinatorv1.Status_STATUS_OK || r.GrantedMicro != int64(2*tok) ||
+			r.CreditedMicro != int64(4*tok) || r.RemainingMicro != int64(99_992*tok) || r.Replayed != replayed {
+			t.Fatalf("attempt %d: a = %v, want 2 tokens granted after 4 credited, 99992 left, replayed %t", attempt, r, replayed)
+		}
+		if len(resp.Returns) != len(wantReturns) {
+			t.Fatalf("attempt %d: %d return results, want %d", attempt, len(resp.Returns), len(wantReturns))
+		}
+		for i, w := range wantReturns {
+			if got := resp.Returns[i].Status; got != w {
+				t.Errorf("attempt %d: return %d: status %v, want %v", attempt, i, got, w)
+			}
+		}
+		if r := resp.Returns[0]; r.CreditedMicro != int64(6*tok) || r.Replayed != replayed {
+			t.Fatalf("attempt %d: b's return = %v, want 6 tokens credited, replayed %t", attempt, r, replayed)
+		}
+	}
+	// b holds 100000 − 10 + 6: a take of one token leaves 99995.
+	resp, err := svc.Acquire(ctxFor(t, 10*time.Second), acquire("agent-1", 3, "v1", item(b, tok, tok)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := resp.Results[0]; r.RemainingMicro != int64(99_995*tok) {
+		t.Fatalf("b after its return: %v, want 99995 tokens left", r)
+	}
 }

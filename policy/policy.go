@@ -427,7 +427,13 @@ func (s *Set) Key(r Route, tenant, region string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return buildKey(tenant, r.r.tmpl.shape, r.r.op, l.Fingerprint, l.Region), nil
+	return s.KeyFor(r, tenant, l), nil
+}
+
+// KeyFor is Key for limits already resolved with Limits(r, tenant, region): a caller that has
+// them does not resolve them twice.
+func (s *Set) KeyFor(r Route, tenant string, l *Limits) string {
+	return buildKey(tenant, r.r.tmpl.shape, r.r.op, l.Fingerprint, l.Region)
 }
 
 // CheckRegion reports whether every regional rule (and every override of one) has a slice for

@@ -101,6 +101,7 @@ type evKind uint8
 const (
 	evBatch evKind = iota
 	evSweep
+	evLinger
 	evDeadline
 	evServe
 	evDeliver
@@ -212,6 +213,8 @@ func (w *world) run() {
 			w.batch(e.node)
 		case evSweep:
 			w.sweep(e.inc)
+		case evLinger:
+			w.linger(e.inc)
 		case evDeadline:
 			w.deadline(e.inc)
 		case evServe:

@@ -1,21 +1,14 @@
 package sim
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/leasebucket/leasebucket/agent"
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
-	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
 )
 
 // node is one agent host: its traffic streams and the agent process running on it (nil while it
@@ -68,9 +61,8 @@ type incarnation struct {
 	lim      *agent.Limiter
 	dead     bool
 	diedAt   int64
-	notified bool // the Limiter queued a refill or a return
 	inFlight int
-	shards   int // of the Limiter's table, for a whole sweep
+	released uint64 // the core's Stats.Released when its waiters were last looked at
 	// Checks waiting for a refill: by key (a refill's answer wakes the waiters of its keys) and
 	// in deadline order (fifo[head:], answered ones skipped), recycled through free.
 	byKey    map[int32][]*waiter
@@ -78,44 +70,34 @@ type incarnation struct {
 	head     int
 	free     []*waiter
 	deadline int64 // the pending deadline event, 0 if none
+	lingerAt int64 // the pending linger event, 0 if none
 
-	// Ledger, µ. Conservation: applied = spent + returned + held, for every process at its death
-	// or at the end; a dead process stranded granted − spent − returned.
+	// Ledger, µ. Conservation: applied = spent + returned + expired + held, for every process at
+	// its death or at the end; a dead process stranded granted − spent − returned − expired.
 	granted  int64 // granted to it by coordinators (answers it may never have seen)
 	applied  int64 // granted in answers it applied
 	spent    int64 // admitted from its leases
-	returned int64 // sent back in Returns
-	expired  int64 // expired and not returned (the refill since the grant covers it)
+	returned int64 // handed back in calls
+	expired  int64 // given up without a return (the refill since the grant covers it)
 	held     int64 // what its lease core held when it died or the run ended
 }
 
-// waiter is a check that got Wait: it is checked again when its refill's answer is applied, or
-// answered by Limiter.Fallback at its deadline (the agent server's max wait).
+// waiter is a check that got Wait: its ticket is decided when its refill's answer is applied
+// (or it is told to check again), else Limiter.Fallback answers it at its deadline (the agent
+// server's max wait).
 type waiter struct {
 	req      int32
 	key      int32
 	at       int64
 	deadline int64
-	ready    <-chan struct{}
+	ticket   *agent.Ticket
 	done     bool
 }
 
 func (w *world) start(n *node) {
 	n.born++
 	inc := &incarnation{node: n, id: fmt.Sprintf("%s/agent-%d.%d", n.region.name, n.idx, n.born), byKey: map[int32][]*waiter{}}
-	inc.lim = agent.New(agent.Config{
-		AgentID: inc.id,
-		Region:  n.region.name,
-		Notify:  func() { inc.notified = true },
-		Skipped: func(ref *coordinatorv1.BucketRef, unspent bucket.Micro) {
-			inc.expired += int64(unspent)
-			w.res.Loss.Expired += int64(unspent)
-			w.keyOf(ref).leased -= int64(unspent)
-		},
-	}, w.set)
-	// Expire(now, from, 0) sweeps nothing and returns from modulo the table's shard count (a power
-	// of two): from = MaxInt32 yields shards − 1.
-	inc.shards = inc.lim.Expire(0, math.MaxInt32, 0) + 1
+	inc.lim = agent.New(agent.Config{AgentID: inc.id, Region: n.region.name, RecordForfeits: true}, w.set)
 	n.inc = inc
 	w.incs = append(w.incs, inc)
 	if t := w.now + int64(w.sc.Agent.SweepEvery); t < w.end {
@@ -213,8 +195,15 @@ func (w *world) arrive(n *node, inc *incarnation, ri int32, t int64, sec *Second
 		return
 	}
 	w.check(inc, ri, t, t, nil)
-	if inc.notified {
+	w.pumpIfDue(inc)
+}
+
+// pumpIfDue pumps when the agent's core signalled that a call may be due (Limiter.Wake).
+func (w *world) pumpIfDue(inc *incarnation) {
+	select {
+	case <-inc.lim.Wake():
 		w.pump(inc)
+	default:
 	}
 }
 
@@ -228,6 +217,7 @@ func (w *world) check(inc *incarnation, ri int32, t, arrival int64, wt *waiter) 
 		w.fatal = fmt.Errorf("sim: %s: check %+v: %w", w.sc.Name, rq.query, err)
 		return
 	}
+	w.released(inc) // an insert may have evicted a key others wait for
 	if v.Outcome != agent.Wait {
 		if wt != nil {
 			wt.done = true
@@ -236,7 +226,7 @@ func (w *world) check(inc *incarnation, ri int32, t, arrival int64, wt *waiter) 
 		return
 	}
 	if wt != nil {
-		wt.ready = v.Ready()
+		wt.ticket = v.Ticket
 		return
 	}
 	if n := len(inc.free); n > 0 {
@@ -244,7 +234,7 @@ func (w *world) check(inc *incarnation, ri int32, t, arrival int64, wt *waiter) 
 	} else {
 		wt = &waiter{}
 	}
-	*wt = waiter{req: ri, key: rq.keys[inc.node.region.idx], at: arrival, deadline: arrival + int64(w.sc.Agent.MaxWait), ready: v.Ready()}
+	*wt = waiter{req: ri, key: rq.keys[inc.node.region.idx], at: arrival, deadline: arrival + int64(w.sc.Agent.MaxWait), ticket: v.Ticket}
 	inc.byKey[wt.key] = append(inc.byKey[wt.key], wt)
 	inc.fifo = append(inc.fifo, wt)
 	if inc.deadline == 0 {
@@ -312,13 +302,7 @@ func (w *world) decided(inc *incarnation, rq *request, v agent.Verdict, t, arriv
 	l.maxWaited = max(l.maxWaited, t-arrival)
 }
 
-// wake checks again the waiters of the keys a refill carried whose Ready is closed.
-func (w *world) wake(inc *incarnation, r *agent.Refill) {
-	for _, it := range r.Req.Items {
-		w.wakeKey(inc, w.keyOf(it.Bucket).idx)
-	}
-}
-
+// wakeKey answers the waiters of key k whose tickets are decided (checking again those told to).
 func (w *world) wakeKey(inc *incarnation, k int32) {
 	list := inc.byKey[k]
 	if len(list) == 0 {
@@ -328,8 +312,8 @@ func (w *world) wakeKey(inc *incarnation, k int32) {
 	for _, wt := range list {
 		if w.fatal == nil {
 			select {
-			case <-wt.ready:
-				w.check(inc, wt.req, w.now, wt.at, wt)
+			case <-wt.ticket.Ready():
+				w.settled(inc, wt)
 			default:
 			}
 		}
@@ -345,8 +329,25 @@ func (w *world) wakeKey(inc *incarnation, k int32) {
 	}
 }
 
-// wakeAll checks again every waiter whose Ready is closed, key by key in key order.
-func (w *world) wakeAll(inc *incarnation) {
+// settled answers a waiter whose ticket is decided, or checks it again if the ticket says so.
+func (w *world) settled(inc *incarnation, wt *waiter) {
+	v := wt.ticket.Verdict()
+	if v.Outcome == agent.Wait {
+		w.check(inc, wt.req, w.now, wt.at, wt)
+		return
+	}
+	wt.done = true
+	w.decided(inc, &w.reqs[wt.req], v, w.now, wt.at)
+}
+
+// released looks at every waiter when the core told some to check again (Stats.Released moved):
+// their key was retired (evicted) while they waited.
+func (w *world) released(inc *incarnation) {
+	r := inc.lim.Stats().Released.Load()
+	if r == inc.released {
+		return
+	}
+	inc.released = r
 	keys := make([]int32, 0, len(inc.byKey))
 	for k := range inc.byKey {
 		keys = append(keys, k)
@@ -383,12 +384,8 @@ func (w *world) deadline(inc *incarnation) {
 		}
 		if !wt.done {
 			rq := &w.reqs[wt.req]
-			v, err := inc.lim.Fallback(clock.Nanos(w.now), rq.query)
+			v := inc.lim.Fallback(clock.Nanos(w.now), wt.ticket)
 			w.res.Checks++
-			if err != nil {
-				w.fatal = fmt.Errorf("sim: %s: fallback %+v: %w", w.sc.Name, rq.query, err)
-				return
-			}
 			w.res.Latency.FellBack++
 			w.decided(inc, rq, v, w.now, wt.at)
 			wt.done = true
@@ -407,257 +404,32 @@ func (w *world) deadline(inc *incarnation) {
 		inc.deadline = inc.fifo[inc.head].deadline
 		w.schedule(event{at: inc.deadline, kind: evDeadline, own: true, node: inc.node, inc: inc})
 	}
-	if inc.notified {
-		w.pump(inc)
-	}
+	w.pumpIfDue(inc)
 }
 
-// sweep retires the expired leases of the whole table. The production Refresher sweeps 4 of the
-// 64 shards every 25 ms; the simulator sweeps all of them every 400 ms (sweep_every): keys land in
-// shards by a hash with a random seed, so a partial sweep would make runs differ.
+// sweep retires the expired leases of the whole table (Limiter.ExpireAll) every sweep_every and
+// sends the calls that are due. The production Refresher sweeps 4 of the
+// 64 shards every 25 ms; keys land in shards by a hash with a random seed, so a partial sweep
+// would make runs differ.
 func (w *world) sweep(inc *incarnation) {
 	if inc.dead {
 		return
 	}
-	inc.lim.Expire(clock.Nanos(w.now), 0, inc.shards)
-	if inc.notified {
-		w.pump(inc)
-	}
+	inc.lim.ExpireAll(clock.Nanos(w.now))
+	w.forfeits(inc)
+	w.pump(inc)
 	if t := w.now + int64(w.sc.Agent.SweepEvery); t < w.end {
 		w.schedule(event{at: t, kind: evSweep, own: true, node: inc.node, inc: inc})
 	}
 }
 
-// call is one Acquire or Return on its way.
-type call struct {
-	inc     *incarnation
-	refill  *agent.Refill
-	ret     *agent.Return
-	tried   int64 // when the current attempt was sent: its timeout runs from there
-	attempt int
-	stores  uint64 // stores its items live in, a bit each
-	acq     *coordinatorv1.AcquireResponse
-	retResp *coordinatorv1.ReturnResponse
-	err     error
-	granted int64 // µ granted in the answer
-}
-
-// pump sends queued refills, then returns, while fewer than max_in_flight calls are out (as the
-// Refresher does: refills queued meanwhile join the next batch).
-func (w *world) pump(inc *incarnation) {
-	inc.notified = false
-	for inc.inFlight < w.sc.Agent.MaxInFlight {
-		queued := 0
-		if len(inc.byKey) > 0 {
-			queued, _ = inc.lim.Pending()
-		}
-		r := inc.lim.NextAcquire(clock.Nanos(w.now))
-		if sent := 0; queued > 0 {
-			if r != nil {
-				sent = len(r.Req.Items)
-			}
-			if sent < min(queued, agent.MaxBatch) {
-				// The core dropped queued refills it no longer needs and released their
-				// waiters: they check again now, as the agent server's waiting checks would.
-				w.wakeAll(inc)
-			}
-		}
-		if r != nil {
-			if f := w.sc.Agent.WantFactor; f != 1 {
-				for _, it := range r.Req.Items {
-					it.WantMicro = max(it.MinMicro, int64(float64(it.WantMicro)*f))
-				}
-			}
-			w.send(&call{inc: inc, refill: r})
-			continue
-		}
-		if r := inc.lim.NextReturn(); r != nil {
-			for _, it := range r.Req.Items {
-				inc.returned += it.UnspentMicro
-				w.res.Loss.Returned += it.UnspentMicro
-				k := w.keyOf(it.Bucket)
-				k.leased -= it.UnspentMicro
-				k.returned += it.UnspentMicro
-			}
-			w.send(&call{inc: inc, ret: r})
-			continue
-		}
-		return
+// linger pumps inc once the leases waiting to be handed back alone have waited
+// agent.ReturnLinger (the Refresher's tick).
+func (w *world) linger(inc *incarnation) {
+	inc.lingerAt = 0
+	if !inc.dead {
+		w.pump(inc)
 	}
-}
-
-func (w *world) send(c *call) {
-	c.inc.inFlight++
-	if c.refill != nil {
-		w.res.Backend.AcquireCalls++
-		w.res.Backend.AcquireItems += int64(len(c.refill.Req.Items))
-		for _, it := range c.refill.Req.Items {
-			c.stores |= 1 << w.keyOf(it.Bucket).store
-		}
-	} else {
-		w.res.Backend.ReturnCalls++
-		w.res.Backend.ReturnItems += int64(len(c.ret.Req.Items))
-		for _, it := range c.ret.Req.Items {
-			c.stores |= 1 << w.keyOf(it.Bucket).store
-		}
-	}
-	w.transmit(c)
-}
-
-// refKey identifies a bucket as an agent names it on the wire.
-type refKey struct{ rule, route, op, tenant, region string }
-
-// keyOf is the key of a bucket ref the agent sent (every ref comes from a request of the
-// scenario, so it is known).
-func (w *world) keyOf(ref *coordinatorv1.BucketRef) *key {
-	return w.byRef[refKey{ref.Rule, ref.Route, ref.Operation, ref.Tenant, ref.Region}]
-}
-
-// transmit sends c now: it reaches the coordinator, which asks the stores; the store acts when
-// the request reaches it (evServe).
-func (w *world) transmit(c *call) {
-	n := &w.sc.Network
-	g := c.inc.node.region
-	c.tried = w.now
-	toCoordinator := w.delay(n.AgentCoordinator)
-	if o := w.outage("coordinator", g.name, w.now+toCoordinator); o != nil {
-		if o.Mode == "blackhole" {
-			c.err = status.Error(codes.DeadlineExceeded, "sim: coordinator unreachable (blackhole)")
-			w.answer(c, c.tried+int64(w.sc.Agent.CallTimeout))
-		} else {
-			c.err = status.Error(codes.Unavailable, "sim: coordinator unreachable (connection refused)")
-			w.answer(c, w.now+toCoordinator+w.delay(n.AgentCoordinator))
-		}
-		return
-	}
-	var toStore int64
-	for s := range w.stores {
-		if c.stores&(1<<s) != 0 {
-			toStore = max(toStore, w.storeDelay(g, s))
-		}
-	}
-	w.schedule(event{at: w.now + toCoordinator + toStore, kind: evServe, call: c})
-}
-
-// delay is a one-way delay: base × (1 + U(0, jitter)).
-func (w *world) delay(base Duration) int64 {
-	if j := w.sc.Network.Jitter; j > 0 {
-		return int64(float64(base) * (1 + j*w.net.Float64()))
-	}
-	return int64(base)
-}
-
-func (w *world) storeDelay(g *region, s int) int64 {
-	d := w.delay(w.sc.Network.CoordinatorStore)
-	if w.stores[s].region != g.idx {
-		d += w.delay(w.sc.Network.CrossRegion)
-	}
-	return d
-}
-
-// answer schedules c's answer to reach its agent at t.
-func (w *world) answer(c *call, t int64) {
-	w.schedule(event{at: max(t, w.now), kind: evDeliver, own: true, node: c.inc.node, inc: c.inc, call: c})
-}
-
-// serve runs c through its region's coordinator Service (the real handler: policy resolution,
-// the grant rule, the store) at the time it reaches the store.
-func (w *world) serve(c *call) {
-	g := c.inc.node.region
-	for s := range w.stores {
-		if o := w.storeOutage(s, w.now); c.stores&(1<<s) != 0 && o != nil && o.Mode == "blackhole" {
-			c.err = status.Error(codes.DeadlineExceeded, "sim: store unreachable (blackhole)")
-			w.answer(c, c.tried+int64(w.sc.Agent.CallTimeout))
-			return
-		}
-	}
-	g.calls++
-	w.second(w.now).CoordinatorCalls++
-	ctx := context.Background()
-	if c.refill != nil {
-		c.acq, c.err = g.svc.Acquire(ctx, c.refill.Req)
-		c.granted = 0
-		if c.err == nil {
-			for _, r := range c.acq.Results {
-				if r.Status == coordinatorv1.Status_STATUS_OK {
-					c.granted += r.GrantedMicro
-				}
-			}
-			c.inc.granted += c.granted
-		}
-	} else {
-		c.retResp, c.err = g.svc.Return(ctx, c.ret.Req)
-		if c.err == nil && len(c.retResp.Results) == len(c.ret.Req.Items) {
-			l := &w.res.Loss
-			for i, r := range c.retResp.Results {
-				unspent := c.ret.Req.Items[i].UnspentMicro
-				if r.Status == coordinatorv1.Status_STATUS_OK {
-					l.Credited += r.CreditedMicro
-					l.Decayed += unspent - r.CreditedMicro
-				} else {
-					l.Lost += unspent
-				}
-			}
-		}
-	}
-	back := w.delay(w.sc.Network.AgentCoordinator)
-	var fromStore int64
-	for s := range w.stores {
-		if c.stores&(1<<s) != 0 {
-			fromStore = max(fromStore, w.storeDelay(g, s))
-		}
-	}
-	w.answer(c, w.now+fromStore+back)
-}
-
-// retryable is the Refresher's rule: an Acquire is sent again once after a timeout, a Return
-// after a timeout or an unavailable coordinator.
-func (c *call) retryable() bool {
-	if c.attempt > 0 || c.err == nil {
-		return false
-	}
-	code := status.Code(c.err)
-	return code == codes.DeadlineExceeded || (c.ret != nil && code == codes.Unavailable)
-}
-
-// deliver applies c's answer (or failure) to its agent, if the agent still lives.
-func (w *world) deliver(c *call) {
-	inc := c.inc
-	if !inc.dead && c.retryable() {
-		c.attempt++
-		c.err = nil
-		w.transmit(c)
-		return
-	}
-	inc.inFlight--
-	if c.err != nil {
-		w.res.Backend.FailedCalls++
-		if c.ret != nil {
-			for _, it := range c.ret.Req.Items {
-				w.res.Loss.Lost += it.UnspentMicro
-			}
-		}
-	}
-	if inc.dead {
-		return
-	}
-	if c.refill != nil {
-		if c.err == nil {
-			inc.applied += c.granted
-			for i, r := range c.acq.Results {
-				if r.Status == coordinatorv1.Status_STATUS_OK && i < len(c.refill.Req.Items) {
-					w.keyOf(c.refill.Req.Items[i].Bucket).leased += r.GrantedMicro
-				}
-			}
-		}
-		if err := inc.lim.ApplyAcquire(clock.Nanos(w.now), c.refill, c.acq, c.err); errors.Is(err, agent.ErrUnknownPolicy) {
-			w.violate("policy", inc.id, w.now, "the coordinator did not know the agent's policy: %v", c.err)
-		}
-		w.wake(inc, c.refill)
-	} else {
-		inc.lim.ApplyReturn(c.ret, c.retResp, c.err)
-	}
-	w.pump(inc)
 }
 
 // crash kills n's agent (victim, if that process is still the one running; any for a scheduled
@@ -690,21 +462,31 @@ func (w *world) crash(n *node, victim *incarnation) {
 	}
 }
 
-// autopsy reads what inc's lease core holds — its current and prefetched leases and the retired
-// leases not yet returned — by retiring everything and collecting the Returns it would send.
-// Nothing is sent: for a crash this only measures what the process took down with it (the
-// agent's Outstanding accessor, once it exists, is the same figure without retiring). It checks
-// that the core conserved every token it applied.
+// autopsy reads what inc's lease core holds — its current and prefetched leases and the leases
+// waiting to be handed back — by closing it and collecting what it would hand back or give up.
+// Nothing is sent: for a crash this only measures what the process took down with it. It
+// checks that the core's own account (Limiter.Outstanding) is that much, and that the core
+// conserved every token it applied.
 func (w *world) autopsy(inc *incarnation, now int64) int64 {
+	w.forfeits(inc)
+	outstanding := int64(inc.lim.Outstanding())
 	inc.lim.Close()
 	var held int64
-	for r := inc.lim.NextReturn(); r != nil; r = inc.lim.NextReturn() {
-		for _, it := range r.Req.Items {
+	for c := inc.lim.NextCall(clock.Nanos(now)); c != nil; c = inc.lim.NextCall(clock.Nanos(now)) {
+		for _, it := range c.Return.Items {
 			held += it.UnspentMicro
 			w.keyOf(it.Bucket).leased -= it.UnspentMicro
 		}
 	}
+	for _, f := range inc.lim.Forfeits() {
+		held += int64(f.Amount)
+		w.keyOf(f.Ref()).leased -= int64(f.Amount)
+	}
 	inc.held = held
+	if held != outstanding {
+		w.violate("conservation", inc.id, now, "agent %s holds %s tokens by its own account, %s by what it hands back",
+			inc.id, tokens(outstanding), tokens(held))
+	}
 	if inc.applied != inc.spent+inc.returned+inc.expired+held {
 		w.violate("conservation", inc.id, now,
 			"agent %s applied grants of %s tokens but spent %s, returned %s, let %s expire and held %s",

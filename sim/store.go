@@ -99,7 +99,11 @@ func (s *storeShell) Take(ctx context.Context, reqs []coordinator.TakeRequest) (
 			return nil, err
 		}
 		r := res[0]
-		if s.answered(st, k, r.Result, r.Now, r.Err == nil && !r.Replayed && !r.Stale) {
+		changed := r.Err == nil && !r.Replayed && !r.Stale
+		if changed && r.Credited > 0 {
+			s.budget(k, -float64(r.Credited)) // the lease handed back first, in the same operation
+		}
+		if s.answered(st, k, r.Result, r.Now, changed) {
 			if f := s.w.overgrant; f > 1 {
 				r.Granted = bucket.Micro(float64(r.Granted) * f)
 			}

@@ -21,6 +21,7 @@ import (
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/memstore"
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/lease"
 	"github.com/leasebucket/leasebucket/internal/testkit/proctest"
 	"github.com/leasebucket/leasebucket/policy"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
@@ -112,7 +113,7 @@ func TestRunEdges(t *testing.T) {
 	socket, auditLog := filepath.Join(dir, "agent.sock"), filepath.Join(dir, "audit.log")
 	args := []string{"--socket", socket, "--coordinators", cln.Addr().String(), "--policy", policyFile,
 		"--metrics-listen", "", "--listen", "127.0.0.1:0", "--debug-listen", "127.0.0.1:0",
-		"--audit-log", auditLog, "--audit-sample-allow", "0"}
+		"--audit-log", auditLog, "--audit-sample-allow", "0", "--max-wait", "1s"}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var logs proctest.Buffer
@@ -179,14 +180,27 @@ func TestRunEdges(t *testing.T) {
 	}
 	_ = st.CloseSend()
 
-	hresp, err := http.Get("http://" + debugAddr.(string) + "/debug/leases?tenant=acme")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(hresp.Body)
-	hresp.Body.Close()
-	if hresp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"rule": "catalog-read"`) {
-		t.Fatalf("debug leases: %d\n%s", hresp.StatusCode, body)
+	// A key holds a lease once its demand shows over a sample (lease.MinSample): check it a few
+	// times, then the debug endpoint lists the lease.
+	var body []byte
+	for i := 0; ; i++ {
+		resp, err := agentv1.NewAgentServiceClient(unixConn).Check(sctx, &agentv1.CheckRequest{Tenant: "acme", Route: "/products/1", Operation: "GET"})
+		if err != nil || resp.Decision != agentv1.Decision_DECISION_ALLOW {
+			t.Fatalf("check %d = %v, %v", i, resp, err)
+		}
+		hresp, err := http.Get("http://" + debugAddr.(string) + "/debug/leases?tenant=acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ = io.ReadAll(hresp.Body)
+		hresp.Body.Close()
+		if hresp.StatusCode == http.StatusOK && strings.Contains(string(body), `"rule": "catalog-read"`) {
+			break
+		}
+		if i == 20 {
+			t.Fatalf("debug leases: %d\n%s", hresp.StatusCode, body)
+		}
+		time.Sleep(lease.MinSample / 2)
 	}
 
 	cancel()

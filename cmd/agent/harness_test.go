@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -179,6 +180,11 @@ func startAgent(t testing.TB, policyFile string, coordinators []*coordinatorNode
 	socket := filepath.Join(dir, "agent.sock")
 	args := append([]string{"--socket", socket, "--coordinators", strings.Join(addrs, ","), "--policy", policyFile,
 		"--metrics-listen", "127.0.0.1:0", "--log-level", "info"}, extra...)
+	if !slices.Contains(extra, "--max-wait") {
+		// A check on a key without a lease waits for a refill: on a loaded test machine that can
+		// outlast the production default, which would answer with the failure mode.
+		args = append(args, "--max-wait", "1s")
+	}
 	p := proctest.Start(t, bin, args...)
 	a := &agentNode{Process: p, socket: socket, metrics: p.LogField(t, "metrics", "addr")}
 	p.Await(t, "socket "+socket, func() bool { return fileExists(socket) })

@@ -158,7 +158,7 @@ func orders(tenant string) *coordinatorv1.BucketRef {
 func (c *coord) acquire(agent string, seq uint64, version string, tenants ...string) (*coordinatorv1.AcquireResponse, error) {
 	req := &coordinatorv1.AcquireRequest{AgentId: agent, Seq: seq, PolicyVersion: version}
 	for _, tn := range tenants {
-		req.Items = append(req.Items, &coordinatorv1.AcquireItem{Bucket: orders(tn), WantMicro: tok, MinMicro: tok})
+		req.Items = append(req.Items, &coordinatorv1.AcquireItem{Bucket: orders(tn), NeededMicro: tok, MinMicro: tok})
 	}
 	return c.client.Acquire(ctxFor(c.t, 30*time.Second), req)
 }

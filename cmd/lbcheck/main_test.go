@@ -39,7 +39,7 @@ func startAgent(t *testing.T) string {
 	store := memstore.New(memstore.WithClock(func() bucket.Millis { return 1_000_000 }))
 	clk := clock.NewCoarse(time.Millisecond)
 	ref := agent.NewRefresher(agent.RefresherConfig{Coordinator: coordinator.NewService(store, set), Clock: clk})
-	lim := agent.New(agent.Config{AgentID: "lbcheck-test", Guard: clock.Guard, Notify: ref.Notify}, set)
+	lim := agent.New(agent.Config{AgentID: "lbcheck-test", Guard: clock.Guard}, set)
 	ref.Start(lim)
 	dir, err := os.MkdirTemp("", "lbc")
 	if err != nil {

@@ -1,14 +1,20 @@
-// Package lease holds the rules both tiers agree on: how long a lease lives and how large one
-// should be. The coordinator's grant rule and the agent's lease core both call it, so an agent
-// can plan its refills with the lifetime the coordinator will grant.
+// Package lease holds the lease rules both tiers agree on: how long a lease lives (TTL), how large
+// one is (Size) and how an agent measures the demand that sizes it (Demand). The coordinator's
+// grant rule applies Size to what an agent reports; the agent plans its refills with TTL and
+// reports its Demand. Nothing else decides how many tokens a lease holds.
 //
 // The numbers trade accuracy for load. A lease of τ adds r·τ to the admission bound
 // C + r·(w + τ) (docs/leases.md), so τ is chosen as a fraction of the time the bucket takes to
 // refill its burst; a lease sized to the agent's demand over half its lifetime makes Redis see one
-// operation per lease instead of one per check.
+// operation per lease instead of one per check. A key with no measured demand gets what its
+// waiting checks need and nothing more, so a key checked less often than a lease lives costs one
+// store operation per check, as a limiter without leases would, and leaves nothing to hand back.
 package lease
 
 import (
+	"errors"
+	"fmt"
+	"math/bits"
 	"time"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
@@ -33,19 +39,15 @@ const (
 	// drain a bucket other agents need, and grants shrink toward one request's cost as it empties.
 	Share = 500
 
-	// Refills is how many refills a lease should last for: an agent asks for its demand over
-	// TTL/Refills, so it refills about Refills times per lease lifetime and a lease is normally spent
-	// well before it expires (expired tokens come back decayed, see bucket.State.Return).
+	// Refills is how many refills a lease should last for: a lease holds the agent's demand over
+	// TTL/Refills, so the agent refills about Refills times per lease lifetime and a lease is
+	// normally spent well before it expires (expired tokens come back decayed, see
+	// bucket.State.Return, or not at all).
 	Refills = 2
 
 	// LowWater is the fraction (per mille) of a lease left at which the agent refills ahead of need,
 	// so a refill round trip completes before the lease runs dry at the observed rate.
 	LowWater = 250
-
-	// InitialShare sizes the first lease of a key (no demand observed yet): 1/16 of the capacity,
-	// at least one request's cost. Large enough that a burst does not cost a refill per request,
-	// small enough that many agents starting together do not drain the bucket.
-	InitialShare = 16
 )
 
 // TTL is the lifetime of leases on a bucket of limit l: C/(Excess·r), clamped to
@@ -63,16 +65,120 @@ func TTL(l bucket.Limit) time.Duration {
 	return max(MinTTL, time.Duration(ms)*time.Millisecond)
 }
 
-// Want is the lease an agent asks for: its demand (µ per second) over TTL/Refills, at least cost
-// and at most the capacity. With no demand observed yet it is the capacity over InitialShare.
-func Want(demand bucket.Micro, ttl time.Duration, cost, capacity bucket.Micro) bucket.Micro {
-	var w bucket.Micro
-	if demand <= 0 {
-		w = capacity / InitialShare
-	} else {
-		// demand·ttl/Refills in µ: demand < 2^52 and ttl <= MaxTTL (3·10^4 ms), so demand/1000 * ms
-		// stays far below 2^63.
-		w = demand / 1000 * bucket.Micro(ttl/time.Millisecond) / Refills
+// Ask is what an agent tells about one key when it asks for tokens: facts, not a size.
+type Ask struct {
+	// Needed is the sum of the costs of the checks waiting for this refill; 0 for a refill ahead
+	// of need (a prefetch).
+	Needed bucket.Micro
+	// Least is the smallest grant worth having: the cost of the first waiting check, or one
+	// request's cost for a prefetch.
+	Least bucket.Micro
+	// Demand is the key's rate of use on this agent, µ per second (Demand.Rate); 0 if none was
+	// observed yet.
+	Demand bucket.Micro
+}
+
+// Plan is how one Ask is asked of the global bucket: grant min(Want, Share‰ of what the bucket
+// holds) if at least Least is there, rounded down to whole Units when it is cut; the lease lives
+// TTL (0 in direct mode: the grant is spent on the waiting checks at once and nothing is kept).
+type Plan struct {
+	Want  bucket.Micro
+	Least bucket.Micro
+	Unit  bucket.Micro
+	Share int64
+	TTL   time.Duration
+}
+
+// Errors of Size.
+var (
+	// ErrInvalidAsk: amounts out of range.
+	ErrInvalidAsk = errors.New("lease: invalid ask")
+	// ErrCostAboveCapacity: the least grant exceeds the bucket's capacity; no wait can satisfy it.
+	ErrCostAboveCapacity = errors.New("lease: cost above the bucket's capacity")
+)
+
+// maxDemand bounds a reported demand (µ per second): Size multiplies demand/1000 by up to 3·10^4
+// ms, which must stay far below 2^63; any demand this large justifies the whole capacity anyway.
+const maxDemand = bucket.MaxExact / 2
+
+// Size is the grant rule (docs/leases.md, "The grant rule"), the one place a lease's size is
+// decided. cost is one request of the route (the unit a lease is counted in); direct is the rule's
+// lease: off.
+//
+//   - Direct mode: exactly what the waiting checks need, at least the first one's cost, without
+//     the share cap (the waiting checks are the whole demand): each check is one atomic take.
+//   - Leases: what the waiting checks need plus the key's demand over TTL/Refills, in whole
+//     requests rounded down — a key whose demand does not fill one request per half lifetime
+//     gets no lease beyond its waiting checks, so it has nothing to hand back — at most the
+//     capacity. The store caps the grant at Share‰ of what it holds (never below Least), so one
+//     agent cannot drain a bucket others need, and grants shrink toward one request's cost as it
+//     runs low.
+func Size(limit bucket.Limit, cost bucket.Micro, direct bool, a Ask) (Plan, error) {
+	capacity := limit.Capacity()
+	switch {
+	case a.Least < 1 || a.Needed < 0 || a.Demand < 0 || cost < 1 || a.Needed > bucket.MaxExact/2:
+		return Plan{}, fmt.Errorf("%w: needed %d µ, least %d µ, demand %d µ/s, cost %d µ", ErrInvalidAsk, a.Needed, a.Least, a.Demand, cost)
+	case a.Least > capacity:
+		return Plan{}, fmt.Errorf("%w: least %d µ, capacity %d µ", ErrCostAboveCapacity, a.Least, capacity)
 	}
-	return min(capacity, max(cost, w))
+	p := Plan{Least: a.Least, Unit: cost, Share: bucket.WholeShare}
+	if direct {
+		p.Want = min(capacity, max(a.Needed, a.Least))
+		return p, nil
+	}
+	p.TTL, p.Share = TTL(limit), Share
+	size := min(a.Demand, maxDemand) / 1000 * bucket.Micro(p.TTL/time.Millisecond) / Refills
+	size = min(size, capacity)
+	size -= size % cost
+	p.Want = min(capacity, max(a.Least, a.Needed+size))
+	return p, nil
+}
+
+// Demand estimates a key's rate of use on one agent from samples taken at its refills. A sample
+// spans at least MinSample, so a burst of a few requests in a millisecond does not read as a rate
+// of thousands per second; a key idle for longer than IdleAfter starts afresh, so a lease shrinks
+// as soon as its key goes quiet. The zero value has observed nothing.
+type Demand struct {
+	rate bucket.Micro // µ per second; 0 until a sample closed
+}
+
+const (
+	// MinSample is the shortest window a demand sample is measured over.
+	MinSample = 100 * time.Millisecond
+	// IdleAfter: a sample longer than this replaces the estimate instead of averaging with it.
+	// Two seconds is longer than the leases of most buckets (τ is a quarter of the fill time) and
+	// short enough that a key that went quiet gets small leases at its next check.
+	IdleAfter = 2 * time.Second
+)
+
+// Rate is the estimate, µ per second.
+func (d *Demand) Rate() bucket.Micro { return d.rate }
+
+// Observe closes a sample of used µ over elapsed and returns the new estimate. The caller keeps
+// the sample open (and does not call Observe) while elapsed < MinSample.
+func (d *Demand) Observe(used bucket.Micro, elapsed time.Duration) bucket.Micro {
+	s := PerSecond(used, elapsed)
+	if d.rate == 0 || elapsed >= IdleAfter {
+		d.rate = s
+	} else {
+		d.rate = (d.rate + s) / 2
+	}
+	return d.rate
+}
+
+// PerSecond is used µ over elapsed as µ per second, at most maxDemand. The product used·10^9
+// passes 2^63 once a key spends 9,223 tokens between two samples (a hot key does), hence 128 bits.
+func PerSecond(used bucket.Micro, elapsed time.Duration) bucket.Micro {
+	if used <= 0 {
+		return 0
+	}
+	if elapsed <= 0 {
+		return maxDemand
+	}
+	hi, lo := bits.Mul64(uint64(used), uint64(time.Second))
+	if hi >= uint64(elapsed) {
+		return maxDemand
+	}
+	q, _ := bits.Div64(hi, lo, uint64(elapsed))
+	return bucket.Micro(min(q, uint64(maxDemand)))
 }

@@ -138,8 +138,8 @@ func seedBystander(coord coordinatorv1.CoordinatorServiceClient, keys *Keys) err
 	defer cancel()
 	resp, err := coord.Acquire(ctx, &coordinatorv1.AcquireRequest{AgentId: "chaos-bystander", Seq: 1,
 		PolicyVersion: keys.Set.Version(), Items: []*coordinatorv1.AcquireItem{{
-			Bucket:    ledgerRef(bystanderTenant()),
-			WantMicro: 10 * int64(bucket.PerToken), MinMicro: int64(bucket.PerToken),
+			Bucket:      ledgerRef(bystanderTenant()),
+			NeededMicro: 10 * int64(bucket.PerToken), MinMicro: int64(bucket.PerToken),
 		}}})
 	if err != nil {
 		return err
@@ -501,7 +501,7 @@ func coordinatorProbes(c coordinatorv1.CoordinatorServiceClient, keys *Keys) []P
 		return Probe{Target: "coordinator", Name: name, Want: want, Got: got}
 	}
 	item := func(ref *coordinatorv1.BucketRef, want, least int64) *coordinatorv1.AcquireItem {
-		return &coordinatorv1.AcquireItem{Bucket: ref, WantMicro: want, MinMicro: least}
+		return &coordinatorv1.AcquireItem{Bucket: ref, NeededMicro: want, MinMicro: least}
 	}
 	abuse := func() *coordinatorv1.BucketRef { return ledgerRef(abuseTenant(3)) }
 	one := int64(bucket.PerToken)

@@ -180,6 +180,9 @@ type AcquireRequest struct {
 	// Version of the policy set the agent resolved its references with.
 	PolicyVersion string         `protobuf:"bytes,3,opt,name=policy_version,json=policyVersion,proto3" json:"policy_version,omitempty"`
 	Items         []*AcquireItem `protobuf:"bytes,4,rep,name=items,proto3" json:"items,omitempty"`
+	// Leases of keys not among items handed back in the same call; each key at most once, and never
+	// a key of items (a key's own lease rides in its item).
+	Returns       []*ReturnItem `protobuf:"bytes,5,rep,name=returns,proto3" json:"returns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -242,17 +245,31 @@ func (x *AcquireRequest) GetItems() []*AcquireItem {
 	return nil
 }
 
+func (x *AcquireRequest) GetReturns() []*ReturnItem {
+	if x != nil {
+		return x.Returns
+	}
+	return nil
+}
+
 type AcquireItem struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Bucket *BucketRef             `protobuf:"bytes,1,opt,name=bucket,proto3" json:"bucket,omitempty"`
-	// Lease size the agent would like, in microtokens.
-	WantMicro int64 `protobuf:"varint,2,opt,name=want_micro,json=wantMicro,proto3" json:"want_micro,omitempty"`
-	// Grant nothing unless at least this much is available (one request's cost), in microtokens.
+	// What the checks waiting for this refill need: their costs summed, in microtokens; 0 for a
+	// refill ahead of need. The coordinator decides the lease's size (docs/leases.md).
+	NeededMicro int64 `protobuf:"varint,2,opt,name=needed_micro,json=neededMicro,proto3" json:"needed_micro,omitempty"`
+	// Grant nothing unless at least this much is available (the first waiting check's cost, or one
+	// request's cost), in microtokens.
 	MinMicro int64 `protobuf:"varint,3,opt,name=min_micro,json=minMicro,proto3" json:"min_micro,omitempty"`
 	// Observed demand on this agent for this key, in microtokens per second.
 	DemandMicroPerSecond int64 `protobuf:"varint,4,opt,name=demand_micro_per_second,json=demandMicroPerSecond,proto3" json:"demand_micro_per_second,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Unspent microtokens of this key's previous lease, handed back in the same atomic operation,
+	// credited (decayed by the refill since return_granted_at_ms) before the take; 0 for none.
+	ReturnMicro int64 `protobuf:"varint,5,opt,name=return_micro,json=returnMicro,proto3" json:"return_micro,omitempty"`
+	// granted_at_ms of the lease handed back.
+	ReturnGrantedAtMs int64 `protobuf:"varint,6,opt,name=return_granted_at_ms,json=returnGrantedAtMs,proto3" json:"return_granted_at_ms,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *AcquireItem) Reset() {
@@ -292,9 +309,9 @@ func (x *AcquireItem) GetBucket() *BucketRef {
 	return nil
 }
 
-func (x *AcquireItem) GetWantMicro() int64 {
+func (x *AcquireItem) GetNeededMicro() int64 {
 	if x != nil {
-		return x.WantMicro
+		return x.NeededMicro
 	}
 	return 0
 }
@@ -309,6 +326,20 @@ func (x *AcquireItem) GetMinMicro() int64 {
 func (x *AcquireItem) GetDemandMicroPerSecond() int64 {
 	if x != nil {
 		return x.DemandMicroPerSecond
+	}
+	return 0
+}
+
+func (x *AcquireItem) GetReturnMicro() int64 {
+	if x != nil {
+		return x.ReturnMicro
+	}
+	return 0
+}
+
+func (x *AcquireItem) GetReturnGrantedAtMs() int64 {
+	if x != nil {
+		return x.ReturnGrantedAtMs
 	}
 	return 0
 }
@@ -329,7 +360,9 @@ type AcquireResult struct {
 	// True when the bucket is low enough that the grant was capped; agents should ask for less.
 	Scarce bool `protobuf:"varint,7,opt,name=scarce,proto3" json:"scarce,omitempty"`
 	// True when this is a retry answered from the idempotency record.
-	Replayed      bool `protobuf:"varint,8,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	Replayed bool `protobuf:"varint,8,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	// Microtokens the item's handed-back lease was credited (after decay and the capacity cap).
+	CreditedMicro int64 `protobuf:"varint,9,opt,name=credited_micro,json=creditedMicro,proto3" json:"credited_micro,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -420,10 +453,19 @@ func (x *AcquireResult) GetReplayed() bool {
 	return false
 }
 
+func (x *AcquireResult) GetCreditedMicro() int64 {
+	if x != nil {
+		return x.CreditedMicro
+	}
+	return 0
+}
+
 type AcquireResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One result per item, in request order.
-	Results       []*AcquireResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	Results []*AcquireResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	// One result per entry of the request's returns, in order.
+	Returns       []*ReturnResult `protobuf:"bytes,2,rep,name=returns,proto3" json:"returns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -461,6 +503,13 @@ func (*AcquireResponse) Descriptor() ([]byte, []int) {
 func (x *AcquireResponse) GetResults() []*AcquireResult {
 	if x != nil {
 		return x.Results
+	}
+	return nil
+}
+
+func (x *AcquireResponse) GetReturns() []*ReturnResult {
+	if x != nil {
+		return x.Returns
 	}
 	return nil
 }
@@ -710,18 +759,20 @@ const file_leasebucket_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x05route\x18\x02 \x01(\tR\x05route\x12\x1c\n" +
 	"\toperation\x18\x03 \x01(\tR\toperation\x12\x16\n" +
 	"\x06tenant\x18\x04 \x01(\tR\x06tenant\x12\x16\n" +
-	"\x06region\x18\x05 \x01(\tR\x06region\"\xa3\x01\n" +
+	"\x06region\x18\x05 \x01(\tR\x06region\"\xe5\x01\n" +
 	"\x0eAcquireRequest\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12%\n" +
 	"\x0epolicy_version\x18\x03 \x01(\tR\rpolicyVersion\x12=\n" +
-	"\x05items\x18\x04 \x03(\v2'.leasebucket.coordinator.v1.AcquireItemR\x05items\"\xbf\x01\n" +
+	"\x05items\x18\x04 \x03(\v2'.leasebucket.coordinator.v1.AcquireItemR\x05items\x12@\n" +
+	"\areturns\x18\x05 \x03(\v2&.leasebucket.coordinator.v1.ReturnItemR\areturns\"\x97\x02\n" +
 	"\vAcquireItem\x12=\n" +
-	"\x06bucket\x18\x01 \x01(\v2%.leasebucket.coordinator.v1.BucketRefR\x06bucket\x12\x1d\n" +
-	"\n" +
-	"want_micro\x18\x02 \x01(\x03R\twantMicro\x12\x1b\n" +
+	"\x06bucket\x18\x01 \x01(\v2%.leasebucket.coordinator.v1.BucketRefR\x06bucket\x12!\n" +
+	"\fneeded_micro\x18\x02 \x01(\x03R\vneededMicro\x12\x1b\n" +
 	"\tmin_micro\x18\x03 \x01(\x03R\bminMicro\x125\n" +
-	"\x17demand_micro_per_second\x18\x04 \x01(\x03R\x14demandMicroPerSecond\"\xae\x02\n" +
+	"\x17demand_micro_per_second\x18\x04 \x01(\x03R\x14demandMicroPerSecond\x12!\n" +
+	"\freturn_micro\x18\x05 \x01(\x03R\vreturnMicro\x12/\n" +
+	"\x14return_granted_at_ms\x18\x06 \x01(\x03R\x11returnGrantedAtMs\"\xd5\x02\n" +
 	"\rAcquireResult\x12:\n" +
 	"\x06status\x18\x01 \x01(\x0e2\".leasebucket.coordinator.v1.StatusR\x06status\x12#\n" +
 	"\rgranted_micro\x18\x02 \x01(\x03R\fgrantedMicro\x12\x15\n" +
@@ -730,9 +781,11 @@ const file_leasebucket_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x0fremaining_micro\x18\x05 \x01(\x03R\x0eremainingMicro\x12\"\n" +
 	"\rgranted_at_ms\x18\x06 \x01(\x03R\vgrantedAtMs\x12\x16\n" +
 	"\x06scarce\x18\a \x01(\bR\x06scarce\x12\x1a\n" +
-	"\breplayed\x18\b \x01(\bR\breplayed\"V\n" +
+	"\breplayed\x18\b \x01(\bR\breplayed\x12%\n" +
+	"\x0ecredited_micro\x18\t \x01(\x03R\rcreditedMicro\"\x9a\x01\n" +
 	"\x0fAcquireResponse\x12C\n" +
-	"\aresults\x18\x01 \x03(\v2).leasebucket.coordinator.v1.AcquireResultR\aresults\"\xa1\x01\n" +
+	"\aresults\x18\x01 \x03(\v2).leasebucket.coordinator.v1.AcquireResultR\aresults\x12B\n" +
+	"\areturns\x18\x02 \x03(\v2(.leasebucket.coordinator.v1.ReturnResultR\areturns\"\xa1\x01\n" +
 	"\rReturnRequest\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12%\n" +
@@ -789,22 +842,24 @@ var file_leasebucket_coordinator_v1_coordinator_proto_goTypes = []any{
 }
 var file_leasebucket_coordinator_v1_coordinator_proto_depIdxs = []int32{
 	3,  // 0: leasebucket.coordinator.v1.AcquireRequest.items:type_name -> leasebucket.coordinator.v1.AcquireItem
-	1,  // 1: leasebucket.coordinator.v1.AcquireItem.bucket:type_name -> leasebucket.coordinator.v1.BucketRef
-	0,  // 2: leasebucket.coordinator.v1.AcquireResult.status:type_name -> leasebucket.coordinator.v1.Status
-	4,  // 3: leasebucket.coordinator.v1.AcquireResponse.results:type_name -> leasebucket.coordinator.v1.AcquireResult
-	7,  // 4: leasebucket.coordinator.v1.ReturnRequest.items:type_name -> leasebucket.coordinator.v1.ReturnItem
-	1,  // 5: leasebucket.coordinator.v1.ReturnItem.bucket:type_name -> leasebucket.coordinator.v1.BucketRef
-	0,  // 6: leasebucket.coordinator.v1.ReturnResult.status:type_name -> leasebucket.coordinator.v1.Status
-	8,  // 7: leasebucket.coordinator.v1.ReturnResponse.results:type_name -> leasebucket.coordinator.v1.ReturnResult
-	2,  // 8: leasebucket.coordinator.v1.CoordinatorService.Acquire:input_type -> leasebucket.coordinator.v1.AcquireRequest
-	6,  // 9: leasebucket.coordinator.v1.CoordinatorService.Return:input_type -> leasebucket.coordinator.v1.ReturnRequest
-	5,  // 10: leasebucket.coordinator.v1.CoordinatorService.Acquire:output_type -> leasebucket.coordinator.v1.AcquireResponse
-	9,  // 11: leasebucket.coordinator.v1.CoordinatorService.Return:output_type -> leasebucket.coordinator.v1.ReturnResponse
-	10, // [10:12] is the sub-list for method output_type
-	8,  // [8:10] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	7,  // 1: leasebucket.coordinator.v1.AcquireRequest.returns:type_name -> leasebucket.coordinator.v1.ReturnItem
+	1,  // 2: leasebucket.coordinator.v1.AcquireItem.bucket:type_name -> leasebucket.coordinator.v1.BucketRef
+	0,  // 3: leasebucket.coordinator.v1.AcquireResult.status:type_name -> leasebucket.coordinator.v1.Status
+	4,  // 4: leasebucket.coordinator.v1.AcquireResponse.results:type_name -> leasebucket.coordinator.v1.AcquireResult
+	8,  // 5: leasebucket.coordinator.v1.AcquireResponse.returns:type_name -> leasebucket.coordinator.v1.ReturnResult
+	7,  // 6: leasebucket.coordinator.v1.ReturnRequest.items:type_name -> leasebucket.coordinator.v1.ReturnItem
+	1,  // 7: leasebucket.coordinator.v1.ReturnItem.bucket:type_name -> leasebucket.coordinator.v1.BucketRef
+	0,  // 8: leasebucket.coordinator.v1.ReturnResult.status:type_name -> leasebucket.coordinator.v1.Status
+	8,  // 9: leasebucket.coordinator.v1.ReturnResponse.results:type_name -> leasebucket.coordinator.v1.ReturnResult
+	2,  // 10: leasebucket.coordinator.v1.CoordinatorService.Acquire:input_type -> leasebucket.coordinator.v1.AcquireRequest
+	6,  // 11: leasebucket.coordinator.v1.CoordinatorService.Return:input_type -> leasebucket.coordinator.v1.ReturnRequest
+	5,  // 12: leasebucket.coordinator.v1.CoordinatorService.Acquire:output_type -> leasebucket.coordinator.v1.AcquireResponse
+	9,  // 13: leasebucket.coordinator.v1.CoordinatorService.Return:output_type -> leasebucket.coordinator.v1.ReturnResponse
+	12, // [12:14] is the sub-list for method output_type
+	10, // [10:12] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_leasebucket_coordinator_v1_coordinator_proto_init() }

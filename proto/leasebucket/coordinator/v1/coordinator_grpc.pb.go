@@ -38,9 +38,11 @@ const (
 // malformed request. A store failure of one key is that item's STATUS_STORE_UNAVAILABLE; a store
 // failure of the whole batch is UNAVAILABLE with reason STORE_UNAVAILABLE.
 type CoordinatorServiceClient interface {
-	// Acquire debits the global buckets of many keys in one call and grants leases.
+	// Acquire debits the global buckets of many keys in one call and grants leases; leases handed
+	// back ride in the same call (with their key's item, or in returns).
 	Acquire(ctx context.Context, in *AcquireRequest, opts ...grpc.CallOption) (*AcquireResponse, error)
-	// Return credits back unspent tokens of leases (decayed by the refill since their grant).
+	// Return credits back unspent tokens of leases (decayed by the refill since their grant), for
+	// a call with nothing to acquire.
 	Return(ctx context.Context, in *ReturnRequest, opts ...grpc.CallOption) (*ReturnResponse, error)
 }
 
@@ -87,9 +89,11 @@ func (c *coordinatorServiceClient) Return(ctx context.Context, in *ReturnRequest
 // malformed request. A store failure of one key is that item's STATUS_STORE_UNAVAILABLE; a store
 // failure of the whole batch is UNAVAILABLE with reason STORE_UNAVAILABLE.
 type CoordinatorServiceServer interface {
-	// Acquire debits the global buckets of many keys in one call and grants leases.
+	// Acquire debits the global buckets of many keys in one call and grants leases; leases handed
+	// back ride in the same call (with their key's item, or in returns).
 	Acquire(context.Context, *AcquireRequest) (*AcquireResponse, error)
-	// Return credits back unspent tokens of leases (decayed by the refill since their grant).
+	// Return credits back unspent tokens of leases (decayed by the refill since their grant), for
+	// a call with nothing to acquire.
 	Return(context.Context, *ReturnRequest) (*ReturnResponse, error)
 	mustEmbedUnimplementedCoordinatorServiceServer()
 }

@@ -1,0 +1,310 @@
+package agent
+
+import (
+	"time"
+
+	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/clock"
+	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
+)
+
+// Reply is how a call ended, as its shell saw it (Classify reads a gRPC error).
+type Reply struct {
+	Failure Failure
+	// Acquire and Return are the coordinator's answer when Failure is Answered.
+	Acquire *coordinatorv1.AcquireResponse
+	Return  *coordinatorv1.ReturnResponse
+}
+
+// Failure says whether and how a call failed.
+type Failure uint8
+
+const (
+	// Answered: the coordinator answered; the reply holds its answer.
+	Answered Failure = iota
+	// NotApplied: the coordinator refused the call (malformed, credentials, shutting down): the
+	// store did nothing.
+	NotApplied
+	// UnknownPolicy: the coordinator does not know this agent's policy version: nothing was
+	// applied, and the shell reloads the policy.
+	UnknownPolicy
+	// MaybeApplied: no answer, and the store may have applied the call (a timeout, a connection
+	// lost, the store timing out). A refill of its keys sends its seq again.
+	MaybeApplied
+)
+
+// Apply hands the core the reply to c, received at now: grants are installed or go to the checks
+// waiting for them, denials and failures decide those checks, and what was handed back is
+// accounted. It reports ErrUnknownPolicy when the policy must be reloaded.
+func (l *Limiter) Apply(now clock.Nanos, c *Call, r Reply) error {
+	if c.Acquire != nil {
+		return l.applyAcquire(now, c, r)
+	}
+	l.applyReturns(c, r.Failure, len(c.Return.Items), func(i int) *coordinatorv1.ReturnResult {
+		return r.Return.GetResults()[i]
+	}, len(r.Return.GetResults()))
+	return nil
+}
+
+func (l *Limiter) applyAcquire(now clock.Nanos, c *Call, r Reply) error {
+	f := r.Failure
+	if f == Answered && len(r.Acquire.GetResults()) != len(c.entries) {
+		f = MaybeApplied // a coordinator that answers another call than ours: trust nothing of it
+	}
+	l.applyReturns(c, f, len(c.Acquire.Returns), func(i int) *coordinatorv1.ReturnResult {
+		return r.Acquire.GetReturns()[i]
+	}, len(r.Acquire.GetReturns()))
+	var mismatch error
+	if f != Answered {
+		l.stats.AcquireErrors.Add(1)
+		if f == UnknownPolicy {
+			l.stats.PolicyMismatch.Add(1)
+			mismatch = ErrUnknownPolicy
+		}
+		for i, e := range c.entries {
+			it := c.Acquire.Items[i]
+			e.mu.Lock()
+			e.inflight = false
+			if it.ReturnMicro > 0 {
+				if f == MaybeApplied {
+					l.handedBack(it.ReturnMicro)
+					l.stats.LostMicro.Add(uint64(it.ReturnMicro))
+				} else {
+					// Not applied: the lease goes back to waiting to be handed back.
+					e.back.add(bucket.Micro(it.ReturnMicro), bucket.Millis(it.ReturnGrantedAtMs), c.sentAt)
+					l.settleBackLocked(now, e)
+				}
+			}
+			l.failLocked(now, e)
+			e.fail.setLost(c, f == MaybeApplied)
+			e.mu.Unlock()
+		}
+		return mismatch
+	}
+	for i, e := range c.entries {
+		res := r.Acquire.Results[i]
+		e.mu.Lock()
+		e.inflight = false
+		if e.fail != nil {
+			// Answered: the coordinator's record of this seq is what it says (an item the store
+			// may have applied without answering is the one exception, below).
+			e.fail.setLost(c, false)
+		}
+		if back := c.Acquire.Items[i].ReturnMicro; back > 0 {
+			l.handedBack(back)
+			l.stats.CreditedMicro.Add(uint64(max(0, res.CreditedMicro)))
+			if res.Status != coordinatorv1.Status_STATUS_OK && res.Status != coordinatorv1.Status_STATUS_DENIED {
+				l.stats.LostMicro.Add(uint64(back))
+			}
+		}
+		e.refilling.Store(false)
+		switch res.Status {
+		case coordinatorv1.Status_STATUS_OK:
+			l.grantLocked(now, c, e, res)
+		case coordinatorv1.Status_STATUS_DENIED:
+			l.deniedLocked(now, e, res)
+		case coordinatorv1.Status_STATUS_UNKNOWN_ROUTE:
+			l.stats.PolicyMismatch.Add(1)
+			mismatch = ErrUnknownPolicy
+			l.failLocked(now, e)
+		case coordinatorv1.Status_STATUS_STALE:
+			// An older sequence overtook nothing: the waiting checks ask again.
+		default: // STATUS_STORE_UNAVAILABLE, STATUS_INVALID, unknown
+			l.stats.ItemFailures.Add(1)
+			l.failLocked(now, e)
+			// A store that timed out may still have applied the item.
+			e.fail.setLost(c, res.Status == coordinatorv1.Status_STATUS_STORE_UNAVAILABLE)
+		}
+		if len(e.waiting) > 0 {
+			l.queueLocked(e) // checks the answer could not serve wait for the next refill
+		}
+		e.mu.Unlock()
+	}
+	return mismatch
+}
+
+// applyReturns accounts for the leases c handed back alone (Acquire.Returns or Return.Items):
+// n of them, answered by result(i) when the call was answered with got results. A lease whose
+// return was not applied waits to be handed back again; one that may have been applied is lost
+// (under-use, never overshoot).
+func (l *Limiter) applyReturns(c *Call, f Failure, n int, result func(int) *coordinatorv1.ReturnResult, got int) {
+	if n == 0 {
+		return
+	}
+	if f == Answered && got != n {
+		f = MaybeApplied
+	}
+	for i, e := range c.backs {
+		var amount, grantedAt int64
+		if c.Acquire != nil {
+			amount, grantedAt = c.Acquire.Returns[i].UnspentMicro, c.Acquire.Returns[i].GrantedAtMs
+		} else {
+			amount, grantedAt = c.Return.Items[i].UnspentMicro, c.Return.Items[i].GrantedAtMs
+		}
+		if (f == NotApplied || f == UnknownPolicy) && !e.view.closed.Load() {
+			// Not applied: it waits to be handed back again (unless its policy is gone: then no
+			// coordinator will take it).
+			e.mu.Lock()
+			e.back.add(bucket.Micro(amount), bucket.Millis(grantedAt), c.sentAt)
+			l.settleBackLocked(c.sentAt, e)
+			e.mu.Unlock()
+			continue
+		}
+		l.handedBack(amount)
+		if f == Answered && result(i).GetStatus() == coordinatorv1.Status_STATUS_OK {
+			l.stats.CreditedMicro.Add(uint64(max(0, result(i).CreditedMicro)))
+		} else {
+			l.stats.LostMicro.Add(uint64(amount))
+		}
+	}
+}
+
+// handedBack counts a lease handed back in a call that reached a coordinator.
+func (l *Limiter) handedBack(micro int64) {
+	l.stats.Returns.Add(1)
+	l.stats.ReturnedMicro.Add(uint64(micro))
+}
+
+// grantLocked serves the checks waiting for e from a grant, first come first served, and keeps
+// the rest as the current lease (if that cannot serve) or as the next one. A direct entry keeps
+// nothing: what the waiting checks did not take is handed back with the next refill.
+func (l *Limiter) grantLocked(now clock.Nanos, c *Call, e *entry, res *coordinatorv1.AcquireResult) {
+	g := bucket.Micro(res.GrantedMicro)
+	if e.fail != nil {
+		e.fail.count, e.fail.until = 0, 0
+	}
+	e.deniedUntil.Store(0)
+	e.level = bucket.Micro(res.RemainingMicro)
+	e.setRemainingLocked()
+	if g <= 0 {
+		return
+	}
+	l.stats.Grants.Add(1)
+	l.stats.GrantedMicro.Add(uint64(g))
+	e.acct += g
+	n := grant{
+		tokens:    g,
+		expires:   c.sentAt + clock.Nanos(res.TtlMs)*clock.Nanos(time.Millisecond) - l.cfg.Guard,
+		grantedAt: bucket.Millis(res.GrantedAtMs),
+		recvAt:    now,
+	}
+	if e.dead.Load() || e.view.closed.Load() {
+		// Evicted or its view closed: hand it straight back.
+		e.acct -= g
+		l.handBackLocked(now, e, n)
+		return
+	}
+	if now < n.expires || e.direct {
+		// A direct grant is spent at once, whatever its TTL: on the checks that asked for it.
+		n.tokens = l.serveLocked(n.tokens, e)
+	}
+	if n.tokens == 0 {
+		return
+	}
+	if e.direct || now >= n.expires {
+		// Direct mode keeps no lease; an answer that came too late to use goes back.
+		e.acct -= n.tokens
+		l.handBackLocked(now, e, n)
+		return
+	}
+	if e.usableLocked(now, 1) {
+		if e.next.tokens > 0 {
+			e.acct -= e.next.tokens
+			l.handBackLocked(now, e, e.next)
+		}
+		e.setNextLocked(n)
+		return
+	}
+	l.handBackLocked(now, e, e.retireLocked())
+	e.installLocked(n)
+}
+
+// serveLocked allows the waiting checks of e from tokens, in order, while they fit, and returns
+// what is left. Checks that do not fit keep waiting.
+func (l *Limiter) serveLocked(tokens bucket.Micro, e *entry) bucket.Micro {
+	served := 0
+	for _, t := range e.waiting {
+		if bucket.Micro(t.cost) > tokens {
+			break
+		}
+		tokens -= bucket.Micro(t.cost)
+		t.decideLocked(Verdict{Outcome: Allow, Remaining: tokens + e.level + e.next.tokens, Rule: e.rule, Limits: e.lim})
+		served++
+	}
+	e.waiting = dropFront(e.waiting, served)
+	return tokens
+}
+
+// deniedLocked answers the waiting checks of a refill the global bucket denied. A lease entry
+// caches the denial until the bucket could serve it; a direct entry does not (each of its checks
+// is one atomic take).
+func (l *Limiter) deniedLocked(now clock.Nanos, e *entry, res *coordinatorv1.AcquireResult) {
+	l.stats.Denials.Add(1)
+	retry := time.Duration(res.RetryAfterMs) * time.Millisecond
+	if res.RetryAfterMs < 0 {
+		retry = neverRetry
+	}
+	if !e.direct {
+		e.deniedUntil.Store(int64(now) + int64(retry))
+	}
+	e.level = bucket.Micro(res.RemainingMicro)
+	e.setRemainingLocked()
+	if e.fail != nil {
+		e.fail.count = 0
+	}
+	for _, t := range e.waiting {
+		t.decideLocked(l.shadow(e, Verdict{Outcome: Deny, RetryAfter: retry}))
+	}
+	e.waiting = dropFront(e.waiting, len(e.waiting))
+}
+
+// failLocked puts e in its failure mode for a backoff that doubles with consecutive failures; the
+// checks waiting for it get the failure mode's answer.
+func (l *Limiter) failLocked(now clock.Nanos, e *entry) {
+	if e.fail == nil {
+		e.fail = &fails{}
+	}
+	d := failureBackoff << min(e.fail.count, 8)
+	e.fail.count++
+	e.fail.until = now + clock.Of(min(d, maxFailureBackoff))
+	e.refilling.Store(false)
+	for _, t := range e.waiting {
+		t.decideLocked(l.failureLocked(now, e, t.cost))
+	}
+	e.waiting = dropFront(e.waiting, len(e.waiting))
+}
+
+// releaseLocked tells the checks waiting for e, which was retired, to check again.
+func (l *Limiter) releaseLocked(e *entry) {
+	for _, t := range e.waiting {
+		t.decideLocked(Verdict{Outcome: Wait})
+	}
+	if len(e.waiting) > 0 {
+		l.stats.Released.Add(uint64(len(e.waiting)))
+	}
+	e.waiting = dropFront(e.waiting, len(e.waiting))
+}
+
+// dropFront removes the first n tickets, keeping the backing array for the next ones.
+func dropFront(ts []*Ticket, n int) []*Ticket {
+	if n == 0 {
+		return ts
+	}
+	k := copy(ts, ts[n:])
+	clear(ts[k:])
+	if k == 0 {
+		return nil
+	}
+	return ts[:k]
+}
+
+// setLost records c as the entry's Acquire of unknown outcome, or clears the record when the
+// outcome is known. A resent seq that fails again keeps its first send time.
+func (f *fails) setLost(c *Call, unknown bool) {
+	switch {
+	case !unknown:
+		f.lostSeq, f.lostSentAt = 0, 0
+	case f.lostSeq == 0:
+		f.lostSeq, f.lostSentAt = c.Acquire.Seq, c.sentAt
+	}
+}

@@ -1,0 +1,207 @@
+package agent
+
+import (
+	"time"
+
+	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/clock"
+	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
+)
+
+// handBackLocked takes the unspent tokens of a retired lease g to hand back. They ride with the
+// key's next refill if one comes; they go alone only if worth at least one request (or the key
+// is gone); and not at all once the refill since their grant covers them. e.mu is held.
+func (l *Limiter) handBackLocked(now clock.Nanos, e *entry, g grant) {
+	e.back.add(g.tokens, g.grantedAt, g.recvAt)
+	l.settleBackLocked(now, e)
+}
+
+// settleBackLocked drops what e has to hand back if the coordinator would credit none of it, and
+// queues it to go alone if it is worth a request or its entry is gone. e.mu is held.
+func (l *Limiter) settleBackLocked(now clock.Nanos, e *entry) {
+	b := e.back
+	if b.amount == 0 {
+		return
+	}
+	credit := l.creditEstimate(now, e, b)
+	if credit <= 0 {
+		l.stats.ReturnsSkipped.Add(1)
+		l.stats.SkippedMicro.Add(uint64(b.amount))
+		l.forfeit(now, e, b)
+		e.back = handBack{}
+		return
+	}
+	if e.backed || (credit < e.unit && !e.dead.Load()) {
+		return // queued already, or waits for its key's next refill
+	}
+	e.backed = true
+	l.qmu.Lock()
+	if len(l.backs) == 0 {
+		l.oldestBack = now
+	}
+	l.backs = append(l.backs, e)
+	l.qmu.Unlock()
+	l.signal()
+}
+
+// Forfeit is a lease this agent kept instead of handing it back, because the coordinator would
+// have credited none of it (Config.RecordForfeits).
+type Forfeit struct {
+	Amount    bucket.Micro
+	GrantedAt bucket.Millis // the store's clock at its grant
+	At        clock.Nanos   // when it was given up
+	e         *entry
+}
+
+// Ref is the bucket of the forfeited lease.
+func (f Forfeit) Ref() *coordinatorv1.BucketRef { return f.e.view.lim.ref(f.e.view, f.e) }
+
+// maxForfeits bounds the forfeits waiting for the shell: beyond it they are only counted
+// (Stats.ReturnsSkipped).
+const maxForfeits = 1 << 16
+
+func (l *Limiter) forfeit(now clock.Nanos, e *entry, b handBack) {
+	if !l.cfg.RecordForfeits {
+		return
+	}
+	l.fmu.Lock()
+	if len(l.forfeits) < maxForfeits {
+		l.forfeits = append(l.forfeits, Forfeit{Amount: b.amount, GrantedAt: b.grantedAt, At: now, e: e})
+	}
+	l.fmu.Unlock()
+}
+
+// Forfeits returns the leases given up since the last call (with Config.RecordForfeits; the
+// simulator keeps its per-key ledgers with them).
+func (l *Limiter) Forfeits() []Forfeit {
+	l.fmu.Lock()
+	defer l.fmu.Unlock()
+	f := l.forfeits
+	l.forfeits = nil
+	return f
+}
+
+// creditEstimate is the most a coordinator would credit for b now (bucket.State.Return): its
+// tokens less the refill since their grant. The grant was before its answer arrived (recvAt),
+// so the refill since recvAt bounds the decay from below and the estimate errs high: a lease
+// dropped because its estimate is 0 would have been credited nothing.
+func (l *Limiter) creditEstimate(now clock.Nanos, e *entry, b handBack) bucket.Micro {
+	credit := min(b.amount, e.lim.Bucket.Capacity())
+	if age := now - b.recvAt; age > 0 {
+		credit -= e.lim.Bucket.Refilled(bucket.Millis(age / clock.Nanos(time.Millisecond)))
+	}
+	return credit
+}
+
+// retireEntry retires everything e holds: its lease, its prefetched lease, its waiting checks
+// (they check again). e is dead afterwards.
+func (l *Limiter) retireEntry(e *entry) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.dead.Store(true)
+	now := e.recvAt // any reading: a dead entry hands back everything its credit estimate keeps
+	if n := e.next; n.tokens > 0 {
+		e.acct -= n.tokens
+		e.setNextLocked(grant{})
+		l.handBackLocked(max(now, n.recvAt), e, n)
+	}
+	l.handBackLocked(now, e, e.retireLocked())
+	l.releaseLocked(e)
+}
+
+func (l *Limiter) evicted(e *entry) {
+	l.stats.Evicted.Add(1)
+	l.retireEntry(e)
+	e.mu.Lock()
+	l.parked.park(e)
+	e.mu.Unlock()
+}
+
+// Expire retires the leases that expired by now in the next shards of the lease table (a cursor
+// moves on, so successive calls walk the whole table), installs prefetched leases whose current
+// one ran out, and drops the leases waiting to be handed back that the refill since their grant
+// covers. The shell calls it every few milliseconds with a few shards.
+func (l *Limiter) Expire(now clock.Nanos, shards int) {
+	v := l.view.Load()
+	n := len(v.table.shards)
+	from := int(l.sweep.Add(int64(shards))) - shards
+	for i := range min(shards, n) {
+		v.table.eachInShard((from+i)%n, func(e *entry) { l.expireEntry(now, e) })
+	}
+}
+
+// ExpireAll is Expire over the whole table.
+func (l *Limiter) ExpireAll(now clock.Nanos) {
+	l.view.Load().table.each(func(e *entry) { l.expireEntry(now, e) })
+}
+
+func (l *Limiter) expireEntry(now clock.Nanos, e *entry) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if exp := e.expires.Load(); exp != 0 && int64(now) >= exp {
+		l.expiredLocked(now, e)
+	}
+	if e.next.tokens > 0 && now >= e.next.expires {
+		l.stats.Expired.Add(1)
+		n := e.next
+		e.acct -= n.tokens
+		e.setNextLocked(grant{})
+		e.prefetchDoneLocked()
+		l.handBackLocked(now, e, n)
+	}
+	if e.next.tokens > 0 && !e.usableLocked(now, 1) {
+		l.promoteLocked(now, e)
+	}
+	if !e.backed {
+		l.settleBackLocked(now, e)
+	}
+}
+
+// expiredLocked retires e's current lease, which expired, and hands back what is left of it.
+func (l *Limiter) expiredLocked(now clock.Nanos, e *entry) {
+	g := e.retireLocked()
+	if g.tokens > 0 {
+		l.stats.Expired.Add(1)
+	}
+	l.handBackLocked(now, e, g)
+}
+
+// Close retires every lease (graceful shutdown): afterwards NextCall yields Returns of them all,
+// at once.
+func (l *Limiter) Close() {
+	v := l.view.Load()
+	v.closed.Store(true)
+	v.table.each(func(e *entry) { l.retireEntry(e) })
+	l.signal()
+}
+
+// Outstanding is what this agent holds of the global buckets, in µ: the unspent tokens of its
+// current and prefetched leases (expired ones not yet retired included) and of retired leases
+// not yet handed to a call. The tokens lost if the agent dies are at most this plus what its calls
+// in flight carry (I7). It walks the lease table: a metrics scrape's cost, not a check's.
+func (l *Limiter) Outstanding() bucket.Micro {
+	var held bucket.Micro
+	add := func(e *entry) {
+		e.mu.Lock()
+		held += bucket.Micro(e.tokens.Load()) + e.next.tokens + e.back.amount
+		e.mu.Unlock()
+	}
+	l.view.Load().table.each(add)
+	// Entries of closed views and evicted ones hold only what they have to hand back.
+	l.qmu.Lock()
+	backs := append([]*entry(nil), l.backs...)
+	l.qmu.Unlock()
+	for _, e := range backs {
+		if e.dead.Load() {
+			add(e)
+		}
+	}
+	return held
+}
+
+// Pending reports the refills queued and the leases waiting to be handed back alone.
+func (l *Limiter) Pending() (refills, returns int) {
+	l.qmu.Lock()
+	defer l.qmu.Unlock()
+	return len(l.queue), len(l.backs)
+}

@@ -1,0 +1,69 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/policy"
+)
+
+// Query is one check.
+type Query struct {
+	Tenant    string
+	Path      string // the request path as received
+	Operation string // class, named operation or HTTP method
+	Cost      int64  // tokens; 0 means the rule's cost
+}
+
+// Errors of Check: the request is malformed, not a decision.
+var (
+	ErrInvalidTenant = errors.New("agent: invalid tenant")
+	ErrInvalidRoute  = errors.New("agent: invalid route")
+	ErrInvalidCost   = errors.New("agent: invalid cost")
+	// ErrClosed: the Limiter was closed (shutting down); no decision is made.
+	ErrClosed = errors.New("agent: limiter closed")
+)
+
+// resolved is a query resolved against one policy view: the route it matched, the limits it is
+// charged to, its cost, and its entry in the lease table (nil before the key's first check).
+type resolved struct {
+	view  *view
+	route policy.Route
+	lim   *policy.Limits
+	cost  int64 // µ, 1..capacity
+	hash  uint64
+	e     *entry
+}
+
+// resolve is the one place a query meets the policy: it matches the route, finds the limits (from
+// the key's entry when it has one, so a check on a live key costs a match and a table lookup),
+// and checks the cost. Check, Fallback, the validation of Envoy requests and the bucket of an
+// idempotency key all start here, so they accept and refuse exactly the same queries.
+func (l *Limiter) resolve(v *view, q Query) (resolved, error) {
+	r, err := v.set.Match(q.Path, q.Operation)
+	if err != nil {
+		return resolved{}, fmt.Errorf("%w: %w", ErrInvalidRoute, err)
+	}
+	res := resolved{view: v, route: r, hash: v.table.hash(r.ID, q.Tenant)}
+	if res.e = v.table.get(res.hash, r.ID, q.Tenant); res.e != nil {
+		res.lim = res.e.lim
+	} else if res.lim, err = v.set.Limits(r, q.Tenant, l.cfg.Region); err != nil {
+		if errors.Is(err, policy.ErrInvalidTenant) {
+			return resolved{}, fmt.Errorf("%w: %w", ErrInvalidTenant, err)
+		}
+		return resolved{}, fmt.Errorf("%w: %w", ErrInvalidRoute, err)
+	}
+	cost := q.Cost
+	if cost == 0 {
+		cost = v.set.Cost(r)
+	}
+	if burst := int64(res.lim.Bucket.Capacity() / bucket.PerToken); cost < 1 || cost > burst {
+		return resolved{}, fmt.Errorf("%w: cost %d is not in 1..%d, the burst of rule %q", ErrInvalidCost, cost, burst, r.Rule.Name)
+	}
+	res.cost = cost * int64(bucket.PerToken)
+	return res, nil
+}
+
+// key is the bucket key the query is charged to (the identity of an idempotency key).
+func (r *resolved) key(tenant string) string { return r.view.set.KeyFor(r.route, tenant, r.lim) }
