@@ -16,6 +16,10 @@
 // A check that was in flight on a stream that broke is sent once more as a unary Check: it is
 // never lost, but it may be charged twice (unless it carries an idempotency key).
 //
+// While the agent is unreachable checks fail fast (the caller applies the route's failure mode),
+// and a check retries the connection when the last retry is at least 50 ms old: an agent that
+// starts after the client, or restarts, decides the next check once its socket answers.
+//
 // A decision is never an error: DENY and UNAVAILABLE are Results. Check's errors are
 // *UnreachableError (no decision could be had from the agent: no socket, no answer by the
 // deadline, the agent shutting down), *InvalidError (the agent rejected the check as malformed),
@@ -36,6 +40,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
@@ -205,12 +210,15 @@ type Client struct {
 	timeout time.Duration
 	log     *zap.Logger
 	st      *streamer // nil when Unary
+	rd      *redialer
+	health  healthpb.HealthClient
 
 	unary atomic.Uint64
 }
 
 // New dials the agent. The connection is made in the background and re-established when it
-// breaks (at most reconnectMax apart); New fails only for unusable options.
+// breaks (at most reconnectMax apart, and at once when a check arrives while the agent is
+// unreachable: see Check); New fails only for unusable options.
 func New(opts Options) (*Client, error) {
 	target := opts.Target
 	if target == "" {
@@ -246,7 +254,8 @@ func New(opts Options) (*Client, error) {
 		return nil, fmt.Errorf("client: dial %s: %w", target, err)
 	}
 	conn.Connect()
-	c := &Client{target: target, conn: conn, api: agentv1.NewAgentServiceClient(conn), timeout: opts.Timeout, log: opts.Logger}
+	c := &Client{target: target, conn: conn, api: agentv1.NewAgentServiceClient(conn), timeout: opts.Timeout, log: opts.Logger,
+		rd: newRedialer(conn, target), health: healthpb.NewHealthClient(conn)}
 	if !opts.Unary {
 		c.st = newStreamer(c, opts)
 	}
@@ -274,12 +283,75 @@ func (c *Client) Stats() Stats {
 }
 
 // Check asks the agent to decide req. It returns by ctx's deadline (or Timeout, if earlier).
+//
+// While the agent is unreachable a check fails fast, but first retries the connection if the
+// last retry is at least 50 ms old: when the agent's socket answers, that check waits for the
+// connection and is decided by the agent. An agent that starts after the client, or restarts,
+// is used by the next check, not after gRPC's reconnect backoff.
 func (c *Client) Check(ctx context.Context, req Request) (Result, error) {
-	if d, ok := ctx.Deadline(); !ok || time.Until(d) > c.timeout {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.timeout)
-		defer cancel()
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	if c.rd.down.Load() {
+		c.rd.await(ctx)
 	}
+	res, err := c.check(ctx, req)
+	c.observe(err)
+	return res, err
+}
+
+// Ready reports whether the agent answers and serves checks: nil when its health service
+// (grpc.health.v1) says the AgentService is SERVING, or when the agent has no health service;
+// an *UnreachableError when it is unreachable, does not answer by the deadline or is not
+// serving (shutting down); or the caller's context.Canceled. Like Check, it retries the
+// connection of an unreachable agent first. It returns by ctx's deadline (or Timeout, if
+// earlier).
+func (c *Client) Ready(ctx context.Context) error {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	c.rd.await(ctx)
+	resp, err := c.health.Check(ctx, &healthpb.HealthCheckRequest{Service: agentv1.AgentService_ServiceDesc.ServiceName})
+	switch {
+	case status.Code(err) == codes.Unimplemented:
+		err = nil // the agent answered; it just has no health service
+	case err != nil:
+		if cerr := ctx.Err(); errors.Is(cerr, context.Canceled) {
+			return cerr
+		}
+		err = &UnreachableError{Target: c.target, Err: err}
+	case resp.Status != healthpb.HealthCheckResponse_SERVING:
+		err = &UnreachableError{Target: c.target, Err: fmt.Errorf("%w (%s)", errNotServing, resp.Status)}
+	}
+	c.observe(err)
+	return err
+}
+
+// errNotServing: the agent answers but does not take checks (it is shutting down).
+var errNotServing = errors.New("agent not serving")
+
+// bound gives ctx the client's Timeout unless its deadline is earlier.
+func (c *Client) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= c.timeout {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, c.timeout)
+}
+
+// observe tells the redialer whether a call found the agent unreachable. A caller's
+// cancellation says nothing about the agent.
+func (c *Client) observe(err error) {
+	if err == nil {
+		c.rd.failed(false)
+		return
+	}
+	if errors.Is(err, context.Canceled) {
+		return
+	}
+	var ue *UnreachableError
+	c.rd.failed(errors.As(err, &ue))
+}
+
+// check sends one check, on the stream or unary.
+func (c *Client) check(ctx context.Context, req Request) (Result, error) {
 	pb := &agentv1.CheckRequest{Tenant: req.Tenant, Route: req.Route, Operation: req.Operation,
 		Cost: req.Cost, IdempotencyKey: req.IdempotencyKey}
 	if c.st != nil {
