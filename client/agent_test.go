@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sync"
@@ -10,6 +11,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
 
 	"github.com/leasebucket/leasebucket/agent"
 	"github.com/leasebucket/leasebucket/client"
@@ -23,15 +25,29 @@ import (
 // coordinator Service on the in-memory store, with examples/policy.yaml.
 func startAgent(t testing.TB) string {
 	t.Helper()
+	return serveAgent(t, examplePolicy(t))
+}
+
+func examplePolicy(t testing.TB) *policy.Set {
+	t.Helper()
 	set, err := policy.Load("../examples/policy.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return serveAgent(t, set)
+	return set
 }
 
 // serveAgent serves the real agent with set.
 func serveAgent(t testing.TB, set *policy.Set) string {
+	t.Helper()
+	socket := filepath.Join(shortTempDir(t), "agent.sock")
+	serveAgentOn(t, set, socket)
+	return socket
+}
+
+// serveAgentOn serves the real agent with set on socket, which answers once it returns, and
+// returns a function that stops it (also called when the test ends) and its health server.
+func serveAgentOn(t testing.TB, set *policy.Set, socket string) (stop func(), hs *health.Server) {
 	t.Helper()
 	log := zaptest.NewLogger(t)
 	svc := coordinator.NewService(memstore.New(), set)
@@ -42,27 +58,101 @@ func serveAgent(t testing.TB, set *policy.Set) string {
 	// A check on a key without a lease waits for a refill; on a loaded test machine that can
 	// outlast the production wait bound, which would answer with the failure mode.
 	srv := agent.NewServer(agent.ServerConfig{Limiter: lim, Clock: clk, Logger: log, MaxWait: time.Second})
-	socket := filepath.Join(shortTempDir(t), "agent.sock")
 	ln, err := agent.ListenUnix(socket, 0, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := grpc.NewServer()
-	srv.Register(g)
+	hs = srv.Register(g)
 	served := make(chan struct{})
 	go func() { _ = g.Serve(ln); close(served) }()
-	t.Cleanup(func() {
-		g.Stop()
-		<-served
-		_ = ln.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := ref.Stop(ctx); err != nil {
-			t.Errorf("Refresher.Stop: %v", err)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			g.Stop()
+			<-served
+			_ = ln.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := ref.Stop(ctx); err != nil {
+				t.Errorf("Refresher.Stop: %v", err)
+			}
+			clk.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return stop, hs
+}
+
+// TestAgentStartedAfterClient: a client started before its agent finds none, at once, as
+// unreachable; the first check after the agent's socket answers is decided by the agent, not
+// answered from gRPC's reconnect backoff (about a second); the same after the agent restarts.
+// On both paths.
+func TestAgentStartedAfterClient(t *testing.T) {
+	set := examplePolicy(t)
+	for _, unary := range []bool{true, false} {
+		t.Run(fmt.Sprintf("unary=%v", unary), func(t *testing.T) {
+			socket := filepath.Join(shortTempDir(t), "agent.sock")
+			c := newClient(t, socket, client.Options{Unary: unary})
+			req := client.Request{Tenant: "late", Route: "/orders/7", Operation: "GET"}
+			for _, phase := range []string{"started after the client", "restarted"} {
+				// Without an agent, checks are unreachable; after the second at the latest,
+				// gRPC's connection waits out its reconnect backoff.
+				var lastTry time.Time
+				for i := range 2 {
+					res, err := c.Check(ctxTimeout(t, 5*time.Second), req)
+					if ue := (*client.UnreachableError)(nil); !errors.As(err, &ue) {
+						t.Fatalf("agent %s: check %d before it = %+v, %v; want *UnreachableError", phase, i, res, err)
+					}
+					lastTry = time.Now()
+				}
+				stop, _ := serveAgentOn(t, set, socket) // the socket answers from here on
+				// A check retries an unreachable agent if the last retry is at least
+				// RedialFloor old: let the last one age that much.
+				time.Sleep(time.Until(lastTry.Add(client.RedialFloor)))
+				res, err := c.Check(ctxTimeout(t, 5*time.Second), req)
+				if err != nil || res.Decision != client.Allow || res.Rule != "orders-read" {
+					t.Fatalf("agent %s: the first check after its socket answered = %+v, %v; want the agent's allow by orders-read",
+						phase, res, err)
+				}
+				if err := c.Ready(ctxTimeout(t, 5*time.Second)); err != nil {
+					t.Errorf("agent %s: Ready = %v", phase, err)
+				}
+				stop()
+			}
+		})
+	}
+}
+
+// TestReady: Ready is nil while the agent serves checks, an *UnreachableError without an agent
+// and while it is not serving (shutting down), and nil for an agent without a health service.
+func TestReady(t *testing.T) {
+	socket := filepath.Join(shortTempDir(t), "agent.sock")
+	c := newClient(t, socket, client.Options{})
+	unreachable := func(what string) {
+		t.Helper()
+		err := c.Ready(ctxTimeout(t, 5*time.Second))
+		if ue := (*client.UnreachableError)(nil); !errors.As(err, &ue) {
+			t.Errorf("%s: Ready = %v, want *UnreachableError", what, err)
 		}
-		clk.Close()
-	})
-	return socket
+	}
+	unreachable("no agent")
+	_, hs := serveAgentOn(t, examplePolicy(t), socket)
+	// Ready retries the connection at most every RedialFloor: poll.
+	deadline := time.Now().Add(5 * time.Second)
+	for err := c.Ready(ctxTimeout(t, 5*time.Second)); err != nil; err = c.Ready(ctxTimeout(t, 5*time.Second)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Ready = %v 5 s after the agent started", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	hs.Shutdown() // what the agent does first when it shuts down
+	unreachable("agent not serving")
+
+	fake := startFake(t, streamServe)
+	if err := newClient(t, fake.socket, client.Options{}).Ready(ctxTimeout(t, 5*time.Second)); err != nil {
+		t.Errorf("agent without a health service: Ready = %v, want nil", err)
+	}
 }
 
 // TestRealAgentCardExample: the design card's example through the real agent, with concurrent

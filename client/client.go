@@ -16,6 +16,10 @@
 // A check that was in flight on a stream that broke is sent once more as a unary Check: it is
 // never lost, but it may be charged twice (unless it carries an idempotency key).
 //
+// While the agent is unreachable checks fail fast (the caller applies the route's failure mode),
+// and a check retries the connection when the last retry is at least 50 ms old: an agent that
+// starts after the client, or restarts, decides the next check once its socket answers.
+//
 // A decision is never an error: DENY and UNAVAILABLE are Results. Check's errors are
 // *UnreachableError (no decision could be had from the agent: no socket, no answer by the
 // deadline, the agent shutting down), *InvalidError (the agent rejected the check as malformed),
@@ -27,9 +31,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -37,8 +39,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
@@ -67,19 +69,6 @@ const (
 	// CheckStream with UNIMPLEMENTED, before it tries the stream again (an agent upgraded in
 	// place is picked up without restarting the gateway).
 	DefaultStreamReprobe = 30 * time.Second
-
-	// maxInflight bounds the batches sent and not yet answered on a stream. When the agent falls
-	// behind, the sender stops and callers wait in the queue (bounded too), each until its own
-	// deadline: memory stays bounded and a stuck agent turns into timeouts, not a pile-up.
-	maxInflight = 64
-
-	// queueLen bounds the checks waiting for the sender.
-	queueLen = 4 * DefaultMaxBatch
-
-	// reopenMin and reopenMax bound the wait before a broken stream is reopened (doubling while
-	// opens keep failing); meanwhile checks go unary.
-	reopenMin = 50 * time.Millisecond
-	reopenMax = 2 * time.Second
 
 	// reconnectMax caps gRPC's reconnect backoff (120 s by default): an agent restarting on the
 	// node is back within seconds, and so should the gateway's connection be.
@@ -221,12 +210,15 @@ type Client struct {
 	timeout time.Duration
 	log     *zap.Logger
 	st      *streamer // nil when Unary
+	rd      *redialer
+	health  healthpb.HealthClient
 
 	unary atomic.Uint64
 }
 
 // New dials the agent. The connection is made in the background and re-established when it
-// breaks (at most reconnectMax apart); New fails only for unusable options.
+// breaks (at most reconnectMax apart, and at once when a check arrives while the agent is
+// unreachable: see Check); New fails only for unusable options.
 func New(opts Options) (*Client, error) {
 	target := opts.Target
 	if target == "" {
@@ -262,7 +254,8 @@ func New(opts Options) (*Client, error) {
 		return nil, fmt.Errorf("client: dial %s: %w", target, err)
 	}
 	conn.Connect()
-	c := &Client{target: target, conn: conn, api: agentv1.NewAgentServiceClient(conn), timeout: opts.Timeout, log: opts.Logger}
+	c := &Client{target: target, conn: conn, api: agentv1.NewAgentServiceClient(conn), timeout: opts.Timeout, log: opts.Logger,
+		rd: newRedialer(conn, target), health: healthpb.NewHealthClient(conn)}
 	if !opts.Unary {
 		c.st = newStreamer(c, opts)
 	}
@@ -290,12 +283,75 @@ func (c *Client) Stats() Stats {
 }
 
 // Check asks the agent to decide req. It returns by ctx's deadline (or Timeout, if earlier).
+//
+// While the agent is unreachable a check fails fast, but first retries the connection if the
+// last retry is at least 50 ms old: when the agent's socket answers, that check waits for the
+// connection and is decided by the agent. An agent that starts after the client, or restarts,
+// is used by the next check, not after gRPC's reconnect backoff.
 func (c *Client) Check(ctx context.Context, req Request) (Result, error) {
-	if d, ok := ctx.Deadline(); !ok || time.Until(d) > c.timeout {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.timeout)
-		defer cancel()
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	if c.rd.down.Load() {
+		c.rd.await(ctx)
 	}
+	res, err := c.check(ctx, req)
+	c.observe(err)
+	return res, err
+}
+
+// Ready reports whether the agent answers and serves checks: nil when its health service
+// (grpc.health.v1) says the AgentService is SERVING, or when the agent has no health service;
+// an *UnreachableError when it is unreachable, does not answer by the deadline or is not
+// serving (shutting down); or the caller's context.Canceled. Like Check, it retries the
+// connection of an unreachable agent first. It returns by ctx's deadline (or Timeout, if
+// earlier).
+func (c *Client) Ready(ctx context.Context) error {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	c.rd.await(ctx)
+	resp, err := c.health.Check(ctx, &healthpb.HealthCheckRequest{Service: agentv1.AgentService_ServiceDesc.ServiceName})
+	switch {
+	case status.Code(err) == codes.Unimplemented:
+		err = nil // the agent answered; it just has no health service
+	case err != nil:
+		if cerr := ctx.Err(); errors.Is(cerr, context.Canceled) {
+			return cerr
+		}
+		err = &UnreachableError{Target: c.target, Err: err}
+	case resp.Status != healthpb.HealthCheckResponse_SERVING:
+		err = &UnreachableError{Target: c.target, Err: fmt.Errorf("%w (%s)", errNotServing, resp.Status)}
+	}
+	c.observe(err)
+	return err
+}
+
+// errNotServing: the agent answers but does not take checks (it is shutting down).
+var errNotServing = errors.New("agent not serving")
+
+// bound gives ctx the client's Timeout unless its deadline is earlier.
+func (c *Client) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= c.timeout {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, c.timeout)
+}
+
+// observe tells the redialer whether a call found the agent unreachable. A caller's
+// cancellation says nothing about the agent.
+func (c *Client) observe(err error) {
+	if err == nil {
+		c.rd.failed(false)
+		return
+	}
+	if errors.Is(err, context.Canceled) {
+		return
+	}
+	var ue *UnreachableError
+	c.rd.failed(errors.As(err, &ue))
+}
+
+// check sends one check, on the stream or unary.
+func (c *Client) check(ctx context.Context, req Request) (Result, error) {
 	pb := &agentv1.CheckRequest{Tenant: req.Tenant, Route: req.Route, Operation: req.Operation,
 		Cost: req.Cost, IdempotencyKey: req.IdempotencyKey}
 	if c.st != nil {
@@ -371,371 +427,4 @@ func (c *Client) callError(ctx context.Context, err error) error {
 		return &UnreachableError{Target: c.target, Err: context.DeadlineExceeded}
 	}
 	return &UnreachableError{Target: c.target, Err: err}
-}
-
-// streamer coalesces checks into CheckStream batches. One sender goroutine forms and sends
-// batches; one receiver goroutine per open stream delivers the answers.
-type streamer struct {
-	c        *Client
-	maxBatch int
-	linger   time.Duration
-	reprobe  time.Duration
-	log      *zap.Logger
-
-	queue chan *pending
-	slots chan struct{} // one token per batch in flight, across streams
-
-	ctx    context.Context // ends at close
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-
-	// retryAt (Unix nanoseconds) is when a stream may be opened again; until then checks go
-	// unary. Atomic, with closed: every check reads them.
-	retryAt atomic.Int64
-	closed  atomic.Bool
-
-	mu      sync.Mutex
-	cur     *stream // the open stream, or nil
-	backoff time.Duration
-
-	checks, batches, failures atomic.Uint64
-}
-
-// pending is one check waiting for its answer.
-type pending struct {
-	ctx  context.Context
-	req  *agentv1.CheckRequest
-	done chan answer // buffered: the deliverer never blocks on a caller that gave up
-}
-
-type answer struct {
-	resp   *agentv1.CheckResponse
-	errMsg string
-	err    error
-}
-
-// errNoStream: the check was not answered on a stream (none usable, or it broke): send it unary.
-var errNoStream = errors.New("client: no stream")
-
-// errClosed: the Client was closed.
-var errClosed = errors.New("client: closed")
-
-// stream is one open CheckStream and the batches sent on it and not yet answered.
-type stream struct {
-	s        agentv1.AgentService_CheckStreamClient
-	cancel   context.CancelFunc
-	nextID   uint64
-	inflight map[uint64][]*pending // guarded by streamer.mu
-	dead     bool                  // guarded by streamer.mu
-}
-
-func newStreamer(c *Client, opts Options) *streamer {
-	ctx, cancel := context.WithCancel(context.Background())
-	st := &streamer{
-		c: c, maxBatch: opts.MaxBatch, linger: max(opts.Linger, 0), reprobe: opts.StreamReprobe, log: opts.Logger,
-		queue: make(chan *pending, queueLen), slots: make(chan struct{}, maxInflight),
-		ctx: ctx, cancel: cancel, backoff: reopenMin,
-	}
-	st.wg.Add(1)
-	go st.send()
-	return st
-}
-
-func (st *streamer) close() {
-	st.closed.Store(true)
-	st.cancel()
-	st.wg.Wait()
-	// The sender is gone: fail whatever is still queued.
-	for {
-		select {
-		case p := <-st.queue:
-			p.done <- answer{err: errClosed}
-		default:
-			return
-		}
-	}
-}
-
-// usable reports whether checks should go to the stream now. (An open stream implies retryAt
-// has passed: a stream is opened only then, and a failure closes it before moving retryAt.)
-func (st *streamer) usable() bool {
-	return !st.closed.Load() && time.Now().UnixNano() >= st.retryAt.Load()
-}
-
-// check queues req for the stream and waits for its answer. errNoStream means: send it unary.
-func (st *streamer) check(ctx context.Context, req *agentv1.CheckRequest) (*agentv1.CheckResponse, string, error) {
-	if !st.usable() {
-		return nil, "", errNoStream
-	}
-	p := &pending{ctx: ctx, req: req, done: make(chan answer, 1)}
-	select {
-	case st.queue <- p:
-	case <-ctx.Done():
-		return nil, "", ctx.Err()
-	case <-st.ctx.Done():
-		return nil, "", errClosed
-	}
-	select {
-	case a := <-p.done:
-		if a.err == nil {
-			st.checks.Add(1)
-		}
-		return a.resp, a.errMsg, a.err
-	case <-ctx.Done():
-		return nil, "", ctx.Err()
-	case <-st.ctx.Done():
-		return nil, "", errClosed
-	}
-}
-
-// send is the sender goroutine: it forms batches from the queue and sends them.
-func (st *streamer) send() {
-	defer st.wg.Done()
-	defer st.shutdown()
-	batch := make([]*pending, 0, st.maxBatch)
-	for {
-		select {
-		case p := <-st.queue:
-			batch = append(batch[:0], p)
-		case <-st.ctx.Done():
-			return
-		}
-		batch = st.fill(batch)
-		// Wait for a slot before choosing the stream: the batch goes to whatever is open then.
-		select {
-		case st.slots <- struct{}{}:
-		case <-st.ctx.Done():
-			for _, p := range batch {
-				p.done <- answer{err: errClosed}
-			}
-			return
-		}
-		live := batch[:0]
-		for _, p := range batch {
-			if p.ctx.Err() == nil { // its caller gave up: do not charge it
-				live = append(live, p)
-			}
-		}
-		if len(live) == 0 {
-			<-st.slots
-			continue
-		}
-		s := st.open()
-		if s == nil {
-			<-st.slots
-			for _, p := range live {
-				p.done <- answer{err: errNoStream}
-			}
-			continue
-		}
-		st.sendBatch(s, live)
-		batch = make([]*pending, 0, st.maxBatch) // the stream owns the sent slice now
-	}
-}
-
-// fill adds queued checks to batch: at once whatever is there and then, under load (the batch
-// already has company, or batches are in flight), whatever arrives within the linger. The
-// linger yields the processor rather than sleeping (Go's timers cannot sleep for less than about
-// a millisecond on an idle processor, twenty times the linger), and ends early when a yield
-// brought no new check: then nobody is about to add one.
-func (st *streamer) fill(batch []*pending) []*pending {
-	drain := func() (added int, full bool) {
-		for len(batch) < st.maxBatch {
-			select {
-			case p := <-st.queue:
-				batch = append(batch, p)
-				added++
-			default:
-				return added, false
-			}
-		}
-		return added, true
-	}
-	if _, full := drain(); full || st.linger <= 0 || (len(batch) < 2 && len(st.slots) == 0) {
-		return batch
-	}
-	for start := time.Now(); time.Since(start) < st.linger; {
-		runtime.Gosched()
-		if added, full := drain(); full || added == 0 {
-			break
-		}
-	}
-	return batch
-}
-
-// open returns the open stream, opening one if allowed; nil if there is none to use now (the
-// batch then goes unary). A stream is opened only on a ready connection: opening one on a
-// connection still connecting would block the sender, and every batch behind it.
-func (st *streamer) open() *stream {
-	st.mu.Lock()
-	if st.cur != nil || st.closed.Load() || time.Now().UnixNano() < st.retryAt.Load() {
-		s := st.cur
-		st.mu.Unlock()
-		return s
-	}
-	st.mu.Unlock()
-	if !ready(st.c.conn) {
-		// Not connected (yet, or any more): this batch goes unary, which waits for the
-		// connection or fails fast; the next batch looks again.
-		st.c.conn.Connect()
-		return nil
-	}
-	ctx, cancel := context.WithCancel(st.ctx)
-	cs, err := st.c.api.CheckStream(ctx)
-	if err != nil {
-		cancel()
-		st.failures.Add(1)
-		st.log.Warn("agent stream: open failed; checking unary", zap.String("agent", st.c.target), zap.Error(err))
-		st.failedOpen(status.Code(err) == codes.Unimplemented)
-		return nil
-	}
-	s := &stream{s: cs, cancel: cancel, inflight: make(map[uint64][]*pending)}
-	st.mu.Lock()
-	st.cur = s
-	st.mu.Unlock()
-	st.wg.Add(1)
-	go st.receive(s)
-	return s
-}
-
-// ready reports whether conn has a transport: a stream opened now does not wait.
-func ready(conn *grpc.ClientConn) bool { return conn.GetState() == connectivity.Ready }
-
-// failedOpen sets when the next stream may be opened.
-func (st *streamer) failedOpen(unimplemented bool) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if unimplemented {
-		st.retryAt.Store(time.Now().Add(st.reprobe).UnixNano())
-		return
-	}
-	st.retryAt.Store(time.Now().Add(st.backoff).UnixNano())
-	st.backoff = min(2*st.backoff, reopenMax)
-}
-
-// sendBatch registers batch on s and sends it. A failed send leaves the batch to the receiver,
-// which fails every batch of the stream when its Recv fails (as it then must).
-func (st *streamer) sendBatch(s *stream, batch []*pending) {
-	msg := &agentv1.CheckStreamRequest{Checks: make([]*agentv1.CheckRequest, len(batch))}
-	for i, p := range batch {
-		msg.Checks[i] = p.req
-	}
-	st.mu.Lock()
-	if s.dead {
-		st.mu.Unlock()
-		<-st.slots
-		for _, p := range batch {
-			p.done <- answer{err: errNoStream}
-		}
-		return
-	}
-	s.nextID++
-	msg.Id = s.nextID
-	s.inflight[msg.Id] = batch
-	st.mu.Unlock()
-	st.batches.Add(1)
-	if err := s.s.Send(msg); err != nil {
-		// The stream is broken; its Recv reports why and fails the batches in flight. Stop
-		// using it now.
-		st.mu.Lock()
-		if st.cur == s {
-			st.cur = nil
-		}
-		st.mu.Unlock()
-	}
-}
-
-// receive is the receiver goroutine of s: it delivers answers until the stream ends.
-func (st *streamer) receive(s *stream) {
-	defer st.wg.Done()
-	for {
-		resp, err := s.s.Recv()
-		if err != nil {
-			st.streamFailed(s, err)
-			return
-		}
-		st.mu.Lock()
-		batch, ok := s.inflight[resp.Id]
-		delete(s.inflight, resp.Id)
-		st.backoff = reopenMin // the stream works
-		st.mu.Unlock()
-		if !ok {
-			st.log.Warn("agent stream: answer to an unknown batch", zap.Uint64("id", resp.Id))
-			continue
-		}
-		<-st.slots
-		deliver(batch, resp, st.c.target)
-	}
-}
-
-// deliver hands each check of batch its answer.
-func deliver(batch []*pending, resp *agentv1.CheckStreamResponse, target string) {
-	if len(resp.Results) != len(batch) || (len(resp.Errors) != 0 && len(resp.Errors) != len(batch)) {
-		err := &UnreachableError{Target: target, Err: fmt.Errorf("stream answered %d results and %d errors for %d checks",
-			len(resp.Results), len(resp.Errors), len(batch))}
-		for _, p := range batch {
-			p.done <- answer{err: err}
-		}
-		return
-	}
-	for i, p := range batch {
-		a := answer{resp: resp.Results[i]}
-		if len(resp.Errors) != 0 {
-			a.errMsg = resp.Errors[i]
-		}
-		p.done <- a
-	}
-}
-
-// streamFailed retires s: its batches in flight are sent again unary, and the next stream is
-// opened after a backoff, or after StreamReprobe if the agent does not serve CheckStream.
-func (st *streamer) streamFailed(s *stream, err error) {
-	st.mu.Lock()
-	s.dead = true
-	batches := s.inflight
-	s.inflight = nil
-	if st.cur == s {
-		st.cur = nil
-	}
-	newer := st.cur != nil // a send failed first, and the sender already opened another stream
-	closed := st.closed.Load()
-	st.mu.Unlock()
-	s.cancel()
-	code := status.Code(err)
-	switch {
-	case closed:
-	case newer:
-		st.failures.Add(1)
-	case code == codes.Unimplemented:
-		st.failures.Add(1)
-		st.log.Info("the agent does not serve CheckStream; checking unary",
-			zap.String("agent", st.c.target), zap.Duration("reprobe", st.reprobe))
-		st.failedOpen(true)
-	default:
-		st.failures.Add(1)
-		st.log.Warn("agent stream broken; checking unary until it is reopened", zap.String("agent", st.c.target), zap.Error(err))
-		st.failedOpen(false)
-	}
-	ans := answer{err: errNoStream}
-	if closed {
-		ans.err = errClosed
-	}
-	for _, batch := range batches {
-		<-st.slots
-		for _, p := range batch {
-			p.done <- ans
-		}
-	}
-}
-
-// shutdown ends the open stream when the sender stops (the Client is closing); the receiver then
-// fails its batches.
-func (st *streamer) shutdown() {
-	st.mu.Lock()
-	s := st.cur
-	st.cur = nil
-	st.mu.Unlock()
-	if s != nil {
-		s.cancel()
-	}
 }

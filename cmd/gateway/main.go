@@ -84,7 +84,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (co
 		"response header marking responses decided by an emergency bucket")
 	f.EnvBool(&c.unary, "unary", "LEASEBUCKET_GATEWAY_UNARY", false, "check with unary calls only, never the agent's CheckStream")
 	f.EnvString(&c.metricsListen, "metrics-listen", "LEASEBUCKET_GATEWAY_METRICS_LISTEN", "",
-		"HTTP address serving Prometheus /metrics (default: off)")
+		"HTTP address serving Prometheus /metrics, liveness /livez and readiness /readyz (ready while the agent answers; default: off)")
 	f.EnvDuration(&c.shutdownTimeout, "shutdown-timeout", "LEASEBUCKET_GATEWAY_SHUTDOWN_TIMEOUT", 10*time.Second,
 		"bound on a graceful shutdown: requests in flight finish")
 	f.LogFlags(&c.log)
@@ -193,6 +193,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		ErrorLog: zap.NewStdLog(log.Named("http"))}
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
+	health := newHealth(agentClient, cfg.checkTimeout, log)
 	var metricsSrv *http.Server
 	if cfg.metricsListen != "" {
 		mln, err := net.Listen("tcp", cfg.metricsListen)
@@ -202,6 +203,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		health.register(mux)
 		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() { errc <- metricsSrv.Serve(mln) }()
 		log.Info("metrics", zap.String("addr", mln.Addr().String()))
@@ -218,6 +220,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	case serveErr = <-errc:
 		log.Error("server failed; shutting down", zap.Error(serveErr))
 	}
+	health.stop() // /readyz answers 503 while requests in flight finish
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.shutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {

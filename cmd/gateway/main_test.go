@@ -201,17 +201,23 @@ func TestRunWithoutAgent(t *testing.T) {
 // waitAddr reads the gateway's "gateway serving" log line for its address.
 func waitAddr(t *testing.T, stderr *proctest.Buffer) string {
 	t.Helper()
+	return waitLogAddr(t, stderr, "gateway serving")
+}
+
+// waitLogAddr reads the addr field of the gateway's first log record msg.
+func waitLogAddr(t *testing.T, stderr *proctest.Buffer, msg string) string {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		sc := bufio.NewScanner(strings.NewReader(stderr.String()))
 		for sc.Scan() {
 			var rec struct{ Msg, Addr string }
-			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "gateway serving" {
+			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == msg {
 				return rec.Addr
 			}
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	t.Fatalf("gateway not serving:\n%s", stderr)
+	t.Fatalf("gateway did not log %q:\n%s", msg, stderr)
 	return ""
 }

@@ -1,7 +1,9 @@
 // Command lbcheck sends checks to a leasebucket agent and prints one line per decision: a way to
-// see the agent work, and to probe a node's agent by hand.
+// see the agent work, and to probe a node's agent by hand. With -health it asks a server's gRPC
+// health service instead (an agent's or a coordinator's), for scripts that wait for one.
 //
 //	lbcheck [-socket PATH | -addr HOST:PORT] [-n N] [-every D] tenant=T route=PATH op=OP [cost=N]
+//	lbcheck -health [-socket PATH | -addr HOST:PORT] [-service NAME]
 package main
 
 import (
@@ -17,6 +19,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/leasebucket/leasebucket/agent"
@@ -26,12 +29,17 @@ import (
 )
 
 const usageHeader = `Usage: lbcheck [flags] tenant=T route=PATH op=OP [cost=N]
+       lbcheck -health [flags]
 
 Sends N checks to a leasebucket agent, one after the other, and prints one line per decision:
 allow, deny (429) or unavailable (503), with Retry-After, the tokens left as the agent sees them,
 the rule's limit and the rule that decided. op is a class (read, write), a named operation or an
 HTTP method; cost 0 (the default) is the rule's cost. Exits 1 if a check fails (the agent is
 unreachable or rejects the check as malformed).
+
+With -health and no arguments it asks the server's gRPC health service (grpc.health.v1) for
+-service instead, which works for an agent and for a coordinator (-addr), prints the status, and
+exits 1 unless it is SERVING.
 
 Flags:
 `
@@ -44,19 +52,28 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs := cli.NewFlags("lbcheck", usageHeader, getenv, stderr)
 	var socket string
 	fs.EnvString(&socket, "socket", "LEASEBUCKET_AGENT_SOCKET", agent.DefaultSocket, "the agent's Unix socket")
-	addr := fs.String("addr", "", "the agent's TCP address instead of the socket")
+	addr := fs.String("addr", "", "the agent's TCP address instead of the socket (with -health: any server's)")
 	n := fs.Int("n", 1, "number of checks")
 	every := fs.Duration("every", 0, "pause between checks")
-	timeout := fs.Duration("timeout", time.Second, "deadline of each check")
+	timeout := fs.Duration("timeout", time.Second, "deadline of each check (with -health: of the health call)")
+	health := fs.Bool("health", false, "ask the server's gRPC health service instead of checking")
+	service := fs.String("service", "", "with -health: the service whose status to ask (default: the server's overall status)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}
 		return err
 	}
-	req, err := parseRequest(fs.Args())
-	if err != nil {
-		return err
+	var req *agentv1.CheckRequest
+	if *health {
+		if fs.NArg() > 0 {
+			return fmt.Errorf("-health takes no arguments, got %q", fs.Args())
+		}
+	} else {
+		var err error
+		if req, err = parseRequest(fs.Args()); err != nil {
+			return err
+		}
 	}
 	target := "unix:" + socket // relative or absolute
 	if *addr != "" {
@@ -67,6 +84,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	defer func() { _ = conn.Close() }()
+	if *health {
+		return checkHealth(ctx, conn, *service, *timeout, stdout)
+	}
 	client := agentv1.NewAgentServiceClient(conn)
 	width := len(strconv.Itoa(*n))
 	for i := 1; i <= *n; i++ {
@@ -88,6 +108,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return fmt.Errorf("check %d: %s: %s", i, st.Code(), st.Message())
 		}
 		fmt.Fprintf(stdout, "%*d  %s\n", width, i, format(resp))
+	}
+	return nil
+}
+
+// checkHealth prints the health status of service and fails unless it is SERVING.
+func checkHealth(ctx context.Context, conn *grpc.ClientConn, service string, timeout time.Duration, stdout io.Writer) error {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(cctx, &healthpb.HealthCheckRequest{Service: service})
+	if err != nil {
+		st := status.Convert(err)
+		return fmt.Errorf("health: %s: %s", st.Code(), st.Message())
+	}
+	fmt.Fprintln(stdout, resp.Status)
+	if resp.Status != healthpb.HealthCheckResponse_SERVING {
+		return fmt.Errorf("health: %s", resp.Status)
 	}
 	return nil
 }

@@ -111,3 +111,34 @@ func TestErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestHealth: -health prints the agent's health status and succeeds only when it is SERVING.
+func TestHealth(t *testing.T) {
+	socket := startAgent(t)
+	noenv := func(string) string { return "" }
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-health", "-socket", socket}, noenv, &out, &bytes.Buffer{}); err != nil {
+		t.Fatalf("-health: %v", err)
+	}
+	if got := strings.TrimSpace(out.String()); got != "SERVING" {
+		t.Errorf("-health printed %q, want SERVING", got)
+	}
+	out.Reset()
+	args := []string{"-health", "-socket", socket, "-service", "leasebucket.agent.v1.AgentService"}
+	if err := run(context.Background(), args, noenv, &out, &bytes.Buffer{}); err != nil || strings.TrimSpace(out.String()) != "SERVING" {
+		t.Errorf("-health -service AgentService: %v, printed %q; want SERVING", err, out.String())
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-health", "-socket", socket, "tenant=acme"}, "-health takes no arguments"},
+		{[]string{"-health", "-socket", socket, "-service", "no.such.Service"}, "NotFound"},
+		{[]string{"-health", "-socket", filepath.Join(t.TempDir(), "none.sock")}, "Unavailable"},
+	} {
+		err := run(context.Background(), tc.args, noenv, &bytes.Buffer{}, &bytes.Buffer{})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("run(%q) = %v, want an error containing %q", tc.args, err, tc.want)
+		}
+	}
+}
