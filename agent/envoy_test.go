@@ -82,10 +82,11 @@ func TestEnvoyCardExample(t *testing.T) {
 				t.Fatalf("request %d: %v, want OK", i+1, resp)
 			}
 			// limit_remaining is the agent's estimate: what its lease holds plus what the bucket
-			// held at the last refill. A refill landing during a check can lower it for that one
-			// answer by the new lease, so it is bounded, not required to fall by exactly one.
-			if st.LimitRemaining > 19 {
-				t.Fatalf("request %d: limit_remaining %d after a request of the burst of 20", i+1, st.LimitRemaining)
+			// held at the last refill. With the bucket's clock standing still exactly 19-i tokens
+			// are left after request i+1. A refill landing during a check can lower the estimate
+			// for that one answer by the new lease, never raise it: it is at most what is left.
+			if left := uint32(19 - i); st.LimitRemaining > left {
+				t.Fatalf("request %d: limit_remaining %d, but only %d of the burst of 20 are left", i+1, st.LimitRemaining, left)
 			}
 			// Time to full at 100/minute: 0.6 s per missing token.
 			if want := time.Duration(20-st.LimitRemaining) * 600 * time.Millisecond; reset < want-time.Millisecond || reset > want+time.Millisecond {

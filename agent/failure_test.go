@@ -30,11 +30,12 @@ func show(v agent.Verdict) string {
 	return out
 }
 
-// TestFailureModes proves DESIGN §6 end to end through the check path: while the global state is
-// unreachable (the coordinator, the whole store, or the store for these keys), a live lease still
-// allows; then a fail-closed route answers unavailable with its rule's Retry-After and never lets
-// anything through, and an emergency route spends its local emergency bucket (3 degraded
-// allows), then answers 429. When the global state is back, checks are allowed again.
+// TestFailureModes proves the failure modes of docs/agent.md end to end through the check path:
+// while the global state is unreachable (the coordinator, the whole store, or the store for these
+// keys), a live lease still allows; then a fail-closed route answers unavailable with its rule's
+// Retry-After and never lets anything through, and an emergency route spends its local emergency
+// bucket (3 degraded allows), then answers 429. When the global state is back, checks are allowed
+// again.
 func TestFailureModes(t *testing.T) {
 	set := loadPolicy(t, examplePolicy)
 	for _, outage := range []string{"coordinator", "store", "store-keys"} {

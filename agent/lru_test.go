@@ -4,14 +4,17 @@ import (
 	"runtime"
 	"strconv"
 	"testing"
+	"weak"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
 )
 
-// TestEvictionHoldsHeapFlat: unbounded key churn through a bounded table keeps the heap flat.
+// TestEvictionHoldsMemoryFlat: unbounded key churn through a bounded table keeps memory bounded.
 // Once the table is full, every new key evicts one (its lease is returned, as the Refresher would
-// send it), so churning eight times as many keys again leaves the heap where it was.
-func TestEvictionHoldsHeapFlat(t *testing.T) {
+// send it). Churning many more keys evicts every entry the full table held, and nothing keeps an
+// evicted entry alive: weak pointers to all of them are cleared by a collection. Counted, not
+// measured: the table keeps its bound of keys, its slot arrays theirs, and no evicted entry stays.
+func TestEvictionHoldsMemoryFlat(t *testing.T) {
 	const maxKeys = 1 << 11
 	l := New(Config{AgentID: "a", MaxKeys: maxKeys}, testSet(t))
 	next := 0
@@ -27,24 +30,40 @@ func TestEvictionHoldsHeapFlat(t *testing.T) {
 			}
 		}
 	}
-	heap := func() uint64 {
-		runtime.GC()
-		runtime.GC()
-		var m runtime.MemStats
-		runtime.ReadMemStats(&m)
-		return m.HeapAlloc
-	}
 	churn(4 * maxKeys)
-	full := heap()
+	tb := l.view.Load().table
+	var full []weak.Pointer[entry]
+	tb.each(func(e *entry) { full = append(full, weak.Make(e)) })
+	if len(full) != maxKeys {
+		t.Fatalf("%d entries after churning %d keys, want the table full at %d", len(full), next, maxKeys)
+	}
 	churn(32 * maxKeys)
-	after := heap()
-	if bound := (maxKeys + 63) / 64 * 64; l.Keys() > bound {
-		t.Fatalf("%d keys after churning %d, want at most %d", l.Keys(), next, bound)
+
+	if l.Keys() > maxKeys {
+		t.Fatalf("%d keys after churning %d, want at most %d", l.Keys(), next, maxKeys)
 	}
-	if after > full+full/4 {
-		t.Fatalf("heap grew from %d to %d bytes while churning %d more keys through a table of %d", full, after, 32*maxKeys, maxKeys)
+	for i := range tb.shards {
+		sh := &tb.shards[i]
+		// A shard grows to the smallest power of two holding 4× its live entries, which never
+		// exceed its limit.
+		bound := minSlots
+		for bound < 4*sh.limit {
+			bound *= 2
+		}
+		if n := len(sh.slots.Load().s); n > bound {
+			t.Fatalf("shard %d: %d slots for at most %d keys, want at most %d", i, n, sh.limit, bound)
+		}
 	}
-	t.Logf("heap %d bytes with the table full, %d after %d more keys", full, after, 32*maxKeys)
+	runtime.GC()
+	kept := 0
+	for _, w := range full {
+		if w.Value() != nil {
+			kept++
+		}
+	}
+	if kept > 0 {
+		t.Fatalf("%d of the %d entries of the full table still reachable after %d more keys evicted them", kept, maxKeys, 32*maxKeys)
+	}
 	runtime.KeepAlive(l)
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/leasebucket/leasebucket/agent/audit"
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/memstore"
+	"github.com/leasebucket/leasebucket/coordinator/storetest"
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
 	"github.com/leasebucket/leasebucket/internal/lease"
@@ -177,7 +178,7 @@ type stackOptions struct {
 type stack struct {
 	set     *policy.Set
 	storeMs atomic.Int64
-	store   *memstore.Store
+	store   *storetest.Levels // a memstore
 	coord   *testCoordinator
 	clk     *clock.Coarse
 	lim     *agent.Limiter
@@ -230,7 +231,7 @@ func newStack(t testing.TB, set *policy.Set, o stackOptions) *stack {
 	t.Helper()
 	s := &stack{set: set}
 	s.storeMs.Store(1_000_000)
-	s.store = memstore.New(memstore.WithClock(func() bucket.Millis { return bucket.Millis(s.storeMs.Load()) }))
+	s.store = storetest.NewLevels(memstore.New(memstore.WithClock(func() bucket.Millis { return bucket.Millis(s.storeMs.Load()) })))
 	s.coord = &testCoordinator{svc: coordinator.NewService(&faultStore{Store: s.store, mode: &s.storeDown}, set)}
 	s.clk = clock.NewCoarse(time.Millisecond)
 	t.Cleanup(s.clk.Close)
@@ -313,7 +314,8 @@ func shortTempDir(t testing.TB) string {
 	return dir
 }
 
-// level is the global bucket's level of (route, tenant), in µ, as the store holds it now.
+// level is the global bucket's level of (route, tenant), in µ, as the store left it after the last
+// operation on it (not refilled since).
 func (s *stack) level(t testing.TB, path, op, tenant string) bucket.Micro {
 	t.Helper()
 	r, err := s.set.Match(path, op)
@@ -324,12 +326,12 @@ func (s *stack) level(t testing.TB, path, op, tenant string) bucket.Micro {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, ok := s.store.Lookup(key)
+	lvl, ok := s.store.Level(key)
 	if !ok {
 		lim, _ := s.set.Limits(r, tenant, "")
 		return lim.Bucket.Capacity() // never used: full
 	}
-	return e.State.Tokens
+	return lvl
 }
 
 func ctxTimeout(t testing.TB, d time.Duration) context.Context {

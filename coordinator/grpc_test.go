@@ -14,6 +14,7 @@ import (
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/memstore"
 	"github.com/leasebucket/leasebucket/coordinator/redisstore"
+	"github.com/leasebucket/leasebucket/coordinator/storetest"
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/lease"
 	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
@@ -32,17 +33,17 @@ type backend struct {
 // backends are the stores the idempotency tests run on: one in memory shared by the replicas,
 // and a Redis (started here, on the top-level test) that each replica reaches with its own client.
 func backends(t *testing.T) []backend {
-	mem := memstore.New()
+	mem := storetest.NewLevels(memstore.New())
 	srv := redistest.Start(t)
 	return []backend{{
 		name:  "memory",
 		store: func(*testing.T) coordinator.Store { return mem },
 		tokens: func(t *testing.T, key string) bucket.Micro {
-			e, ok := mem.Lookup(key)
+			lvl, ok := mem.Level(key)
 			if !ok {
 				t.Fatalf("no key %s", key)
 			}
-			return e.State.Tokens
+			return lvl
 		},
 	}, {
 		name: "redis",

@@ -16,6 +16,7 @@ import (
 
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/memstore"
+	"github.com/leasebucket/leasebucket/coordinator/storetest"
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/lease"
 	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
@@ -26,7 +27,8 @@ import (
 func TestAcquireItems(t *testing.T) {
 	set := mustPolicy(t, "v1")
 	store := memstore.New()
-	svc := coordinator.NewService(store, set)
+	levels := storetest.NewLevels(store)
+	svc := coordinator.NewService(levels, set)
 	hot := ref("hot", "acme")
 	eu := &coordinatorv1.BucketRef{Rule: "search", Route: "/search", Operation: "read", Tenant: "acme", Region: "eu-west"}
 	global := ref("hot", "beta")
@@ -76,9 +78,8 @@ func TestAcquireItems(t *testing.T) {
 		ref  *coordinatorv1.BucketRef
 		left bucket.Micro
 	}{{hot, 45 * tok}, {eu, 16 * tok}, {global, 49 * tok}} {
-		e, ok := store.Lookup(key(t, set, c.ref))
-		if !ok || e.State.Tokens != c.left {
-			t.Errorf("bucket %v: %v (held %v), want %d µ", c.ref, e.State, ok, c.left)
+		if lvl, ok := levels.Level(key(t, set, c.ref)); !ok || lvl != c.left {
+			t.Errorf("bucket %v: %d µ (charged %v), want %d µ", c.ref, lvl, ok, c.left)
 		}
 	}
 	if n := store.Len(); n != 3 {
@@ -89,7 +90,8 @@ func TestAcquireItems(t *testing.T) {
 func TestReturnItems(t *testing.T) {
 	set := mustPolicy(t, "v1")
 	store := memstore.New()
-	svc := coordinator.NewService(store, set)
+	levels := storetest.NewLevels(store)
+	svc := coordinator.NewService(levels, set)
 	hot := ref("hot", "acme")
 	got, err := svc.Acquire(ctxFor(t, 10*time.Second), acquire("agent-1", 1, "v1", item(hot, 5*tok, tok)))
 	if err != nil {
@@ -117,9 +119,9 @@ func TestReturnItems(t *testing.T) {
 		}
 	}
 	// Credited at most what the bucket lacks: the 5 tokens less the refill since the grant.
-	e, _ := store.Lookup(key(t, set, hot))
-	if c := resp.Results[0].CreditedMicro; c < 0 || c > int64(5*tok) || e.State.Tokens > 50*tok {
-		t.Errorf("credited %d µ, bucket %v: want at most 5 tokens and a bucket within capacity", c, e.State)
+	lvl, _ := levels.Level(key(t, set, hot))
+	if c := resp.Results[0].CreditedMicro; c < 0 || c > int64(5*tok) || lvl > 50*tok {
+		t.Errorf("credited %d µ, bucket %d µ: want at most 5 tokens and a bucket within capacity", c, lvl)
 	}
 	if n := store.Len(); n != 1 {
 		t.Errorf("store holds %d keys, want 1", n)

@@ -13,7 +13,7 @@ import (
 	"strings"
 )
 
-// CapacitySpec asks for a capacity plan (DESIGN §9): the scenario's traffic is the peak, and
+// CapacitySpec asks for a capacity plan (docs/simulator.md): the scenario's traffic is the peak, and
 // its run measures what each check costs the coordinators and the stores in steady state; the
 // throughputs of one unit come from `make bench` (Bench), or are given (Figures), or are stated
 // as assumptions (Assume, labelled as such in the report).

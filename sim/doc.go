@@ -6,7 +6,7 @@
 //
 // A Scenario (YAML, docs/simulator.md) describes the fleet, the policy, the traffic and the
 // failures; Run simulates it once and returns a Result (decisions, where the granted tokens went,
-// the bounds of DESIGN §5 checked after every event, load on coordinators and stores, check
+// the bounds I5–I7 of docs/design.md checked after every event, load on coordinators and stores, check
 // latency); RunSweep runs it once per value of a parameter; PlanCapacity turns a run into a
 // capacity plan with benchmark figures; WriteReport writes the Markdown report with CSV files and
 // SVG plots. The same scenario and seed give the same report byte for byte.

@@ -20,11 +20,11 @@ import (
 // admission is one allowed check as a client saw it: sent and answered (monotonic, since start).
 type admission struct{ sent, recv time.Duration }
 
-// checkAdmission verifies DESIGN §5's admission bound on allowed checks: in every window of length
-// w, allowed ≤ C + r·(w + τ). Clients time an allow between sending and receiving it; the spend
-// happened in between, so windows are taken over receive times and widened by the longest round
-// trip δ: a window [t_i, t_j] of receive times holds spends from t_i − δ to t_j. It returns the
-// tightest window (for the log) or an error naming the window that breaks the bound.
+// checkAdmission verifies the admission bound (I6 of docs/design.md) on allowed checks: in every
+// window of length w, allowed ≤ C + r·(w + τ). Clients time an allow between sending and receiving
+// it; the spend happened in between, so windows are taken over receive times and widened by the
+// longest round trip δ: a window [t_i, t_j] of receive times holds spends from t_i − δ to t_j. It
+// returns the tightest window (for the log) or an error naming the window that breaks the bound.
 func checkAdmission(allowed []admission, capacity, ratePerSec float64, tau time.Duration) (string, error) {
 	recv := make([]time.Duration, len(allowed))
 	var delta time.Duration

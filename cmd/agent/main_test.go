@@ -18,6 +18,7 @@ import (
 	"github.com/leasebucket/leasebucket/agent"
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/memstore"
+	"github.com/leasebucket/leasebucket/coordinator/storetest"
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/testkit/proctest"
 	"github.com/leasebucket/leasebucket/policy"
@@ -83,7 +84,7 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store := memstore.New(memstore.WithClock(func() bucket.Millis { return 1_000_000 }))
+	store := storetest.NewLevels(memstore.New(memstore.WithClock(func() bucket.Millis { return 1_000_000 })))
 	csrv := coordinator.NewServer(coordinator.NewService(store, set), coordinator.ServerOptions{})
 	cln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -158,9 +159,9 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	}
 	r, _ := set.Match("/products/9", "GET")
 	key, _ := set.Key(r, "acme", "")
-	e, ok := store.Lookup(key)
+	lvl, ok := store.Level(key)
 	want := 60*bucket.PerToken - bucket.Micro(allowed)*bucket.PerToken
-	if !ok || e.State.Tokens != want {
-		t.Fatalf("bucket holds %d µ after shutdown, want %d (capacity less %d allowed)", e.State.Tokens, want, allowed)
+	if !ok || lvl != want {
+		t.Fatalf("bucket holds %d µ after shutdown, want %d (capacity less %d allowed)", lvl, want, allowed)
 	}
 }

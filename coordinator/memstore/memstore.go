@@ -43,12 +43,12 @@ type entry struct {
 	state   bucket.State
 	expiry  bucket.Millis // the logical expiry on the key clock, when expires
 	expires bool
-	takes   map[string]TakeRecord   // by agent; nil until the first idempotent Take
-	returns map[string]ReturnRecord // by agent; nil until the first idempotent Return
+	takes   map[string]takeRecord   // by agent; nil until the first idempotent Take
+	returns map[string]returnRecord // by agent; nil until the first idempotent Return
 }
 
-// TakeRecord is an agent's last idempotent Take on a key.
-type TakeRecord struct {
+// takeRecord is an agent's last idempotent Take on a key.
+type takeRecord struct {
 	Seq        uint64
 	Granted    bucket.Micro
 	Credited   bucket.Micro
@@ -57,8 +57,8 @@ type TakeRecord struct {
 	Now        bucket.Millis
 }
 
-// ReturnRecord is an agent's last idempotent Return on a key.
-type ReturnRecord struct {
+// returnRecord is an agent's last idempotent Return on a key.
+type returnRecord struct {
 	Seq       uint64
 	Credited  bucket.Micro
 	Remaining bucket.Micro
@@ -188,10 +188,10 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 	}
 	e.setExpiry(r.Limit)
 	if idem {
-		rec := TakeRecord{Seq: r.Op.Seq, Granted: res.Granted, Credited: credited, Remaining: res.Remaining,
+		rec := takeRecord{Seq: r.Op.Seq, Granted: res.Granted, Credited: credited, Remaining: res.Remaining,
 			RetryAfter: res.RetryAfter, Now: e.state.Last}
 		if e.takes == nil {
-			e.takes = make(map[string]TakeRecord, 1)
+			e.takes = make(map[string]takeRecord, 1)
 		}
 		if _, ok := e.takes[r.Op.Agent]; ok {
 			e.takes[r.Op.Agent] = rec
@@ -228,9 +228,9 @@ func (sh *shard) ret(r *coordinator.ReturnRequest, now bucket.Millis) coordinato
 	res := e.state.Return(r.Limit, now, r.Amount, r.GrantedAt)
 	e.setExpiry(r.Limit)
 	if idem {
-		rec := ReturnRecord{Seq: r.Op.Seq, Credited: res.Granted, Remaining: res.Remaining, Now: e.state.Last}
+		rec := returnRecord{Seq: r.Op.Seq, Credited: res.Granted, Remaining: res.Remaining, Now: e.state.Last}
 		if e.returns == nil {
-			e.returns = make(map[string]ReturnRecord, 1)
+			e.returns = make(map[string]returnRecord, 1)
 		}
 		if _, ok := e.returns[r.Op.Agent]; ok {
 			e.returns[r.Op.Agent] = rec
@@ -300,34 +300,4 @@ func (s *Store) Len() int {
 		sh.mu.Unlock()
 	}
 	return n
-}
-
-// Entry is a copy of one key's state, for tests and diagnostics.
-type Entry struct {
-	State   bucket.State
-	Expiry  bucket.Millis // the logical expiry on the key clock; 0 unless Expires
-	Expires bool
-	Takes   map[string]TakeRecord   // the last idempotent Take of each agent
-	Returns map[string]ReturnRecord // the last idempotent Return of each agent
-}
-
-// Lookup returns a copy of key's state as stored, without applying its expiry (an expired key is
-// reported until a request or Sweep drops it), and whether the key is held.
-func (s *Store) Lookup(key string) (Entry, bool) {
-	sh := s.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	e, ok := sh.m[key]
-	if !ok {
-		return Entry{}, false
-	}
-	out := Entry{State: e.state, Expiry: e.expiry, Expires: e.expires,
-		Takes: make(map[string]TakeRecord, len(e.takes)), Returns: make(map[string]ReturnRecord, len(e.returns))}
-	for a, r := range e.takes {
-		out.Takes[a] = r
-	}
-	for a, r := range e.returns {
-		out.Returns[a] = r
-	}
-	return out, true
 }

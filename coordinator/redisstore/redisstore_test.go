@@ -26,6 +26,8 @@ var _ coordinator.Store = (*redisstore.Store)(nil)
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+const tok = bucket.PerToken
+
 func ctx(t testing.TB) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)

@@ -42,7 +42,7 @@ func (r *Real) Now() Nanos { return Nanos(time.Since(r.origin)) }
 // within Guard of the deadline.
 type Coarse struct {
 	now    atomic.Int64
-	real   *Real
+	real   Clock // Real, but for the package's tests
 	tick   time.Duration
 	stop   chan struct{}
 	closed sync.Once
@@ -50,8 +50,11 @@ type Coarse struct {
 }
 
 // NewCoarse starts a coarse clock advancing every tick on its own goroutine. Close stops it.
-func NewCoarse(tick time.Duration) *Coarse {
-	c := &Coarse{real: NewReal(), tick: tick, stop: make(chan struct{}), done: make(chan struct{})}
+func NewCoarse(tick time.Duration) *Coarse { return newCoarse(NewReal(), tick) }
+
+// newCoarse is NewCoarse reading real.
+func newCoarse(real Clock, tick time.Duration) *Coarse {
+	c := &Coarse{real: real, tick: tick, stop: make(chan struct{}), done: make(chan struct{})}
 	c.now.Store(int64(c.real.Now()))
 	go c.run()
 	return c
@@ -66,7 +69,7 @@ func (c *Coarse) run() {
 		case <-c.stop:
 			return
 		case <-t.C:
-			c.now.Store(int64(c.real.Now()))
+			c.Fresh() // not a plain store: a reading taken before a concurrent Fresh must not undo it
 		}
 	}
 }

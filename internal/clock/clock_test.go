@@ -23,29 +23,34 @@ func TestManual(t *testing.T) {
 	}
 }
 
-// TestCoarseNeverAhead: a coarse reading is never later than the real clock's, advances, and
-// Fresh publishes the real reading.
+// TestCoarseNeverAhead: the coarse clock advances by publishing its source's readings, never a
+// later one, and Fresh publishes the source's reading at once. The source is a manual clock, so
+// "ahead" is exact.
 func TestCoarseNeverAhead(t *testing.T) {
-	c := NewCoarse(time.Millisecond)
+	src := NewManual(1000)
+	c := newCoarse(src, time.Millisecond)
 	defer c.Close()
-	start := c.Now()
+	if now := c.Now(); now != 1000 {
+		t.Fatalf("Now() = %d at the start, want the source's 1000", now)
+	}
+	src.Set(5000)
 	deadline := time.Now().Add(5 * time.Second)
-	for c.Now() == start {
+	for {
+		now := c.Now()
+		if now > 5000 {
+			t.Fatalf("Now() = %d is ahead of the source's 5000", now)
+		}
+		if now == 5000 {
+			break
+		}
 		if time.Now().After(deadline) {
-			t.Fatal("the coarse clock did not advance within 5 s")
+			t.Fatalf("Now() = %d: the coarse clock did not reach its source's 5000 within 5 s", now)
 		}
 		time.Sleep(time.Millisecond)
 	}
-	for range 1000 {
-		before := c.real.Now()
-		coarse := c.Now()
-		if coarse > c.real.Now() {
-			t.Fatalf("coarse reading %d is ahead of the real clock (read %d before it)", coarse, before)
-		}
-	}
-	f := c.Fresh()
-	if now := c.Now(); now < f {
-		t.Fatalf("after Fresh() = %d, Now() = %d went back", f, now)
+	src.Set(7000)
+	if f, now := c.Fresh(), c.Now(); f != 7000 || now != 7000 {
+		t.Fatalf("Fresh() = %d, then Now() = %d; want both the source's 7000", f, now)
 	}
 }
 

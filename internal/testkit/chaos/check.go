@@ -203,7 +203,7 @@ func ratePerSecond(l bucket.Limit) float64 {
 }
 
 // checkAdmission: the tokens allowed by all agents on a key in any window of length w are at
-// most C + r·(w + τ) (DESIGN §5, docs/leases.md), plus the clock slack.
+// most C + r·(w + τ) (I6 of docs/design.md, proved in docs/leases.md), plus the clock slack.
 func checkAdmission(k *Key, recs []*Record) (Window, []Violation) {
 	var spends []spend
 	for _, r := range recs {

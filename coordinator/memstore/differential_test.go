@@ -1,4 +1,4 @@
-package redisstore_test
+package memstore_test
 
 import (
 	"context"
@@ -24,7 +24,6 @@ import (
 )
 
 const (
-	tok  = bucket.PerToken
 	day  = bucket.Millis(24 * 3600 * 1000)
 	year = 365 * day
 
@@ -442,7 +441,8 @@ func parseInts(s string) ([]int64, error) {
 }
 
 // TestDifferential plays thousands of random sequences on the Lua store and on memstore: every
-// answer and the final state of every key must be identical.
+// answer and the final state of every key must be identical. The differential tests live beside
+// memstore, not redisstore, because they read memstore's state (export_test.go).
 func TestDifferential(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)

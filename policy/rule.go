@@ -1,0 +1,369 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+var ruleFields = []string{"name", "description", "routes", "operations", "limit", "burst", "cost", "scope",
+	"regions", "on_failure", "retry_after_on_failure", "emergency", "shadow", "headers", "lease", "overrides"}
+
+var defaultRuleFields = []string{"description", "limit", "burst", "cost", "scope",
+	"regions", "on_failure", "retry_after_on_failure", "emergency", "shadow", "headers", "lease", "overrides"}
+
+// rule reads the rule at path (the default section when isDefault) and adds it to s. It returns
+// nil when the rule has problems; every problem is reported.
+func (p *parser) rule(s *Set, n *yaml.Node, path string, isDefault bool) *ruleSrc {
+	known := ruleFields
+	if isDefault {
+		known = defaultRuleFields
+	}
+	f, ok := p.fields(n, path, known...)
+	if !ok {
+		return nil
+	}
+	nerr := p.count()
+	r := &Rule{Line: n.Line, Default: isDefault, FailureRetryAfter: DefaultFailureRetryAfter, cost: 1}
+	src := &ruleSrc{rule: r, path: path}
+
+	p.ruleIdentity(s, f, r, path)
+	if !isDefault {
+		p.ruleRoutes(s, f, src)
+	}
+	p.ruleQuota(f, r, path)
+	p.ruleFailure(f, r, path)
+	p.ruleSwitches(f, r, path)
+	entries, costLine := p.ruleCosts(s, f, r, path)
+	var ovs []*override
+	if v := f.get("overrides"); v != nil {
+		ovs = p.overrides(v, join(path, "overrides"), r)
+	}
+	if p.count() > nerr {
+		return nil
+	}
+	p.checkRule(f, r, path, ovs, entries, costLine)
+	if p.count() > nerr {
+		return nil
+	}
+	addRule(s, r, ovs)
+	return src
+}
+
+// ruleIdentity reads the rule's name (the default rule has its own) and description.
+func (p *parser) ruleIdentity(s *Set, f fieldSet, r *Rule, path string) {
+	if r.Default {
+		r.Name = DefaultRuleName
+	} else if v := f.get("name"); v == nil {
+		p.errf(f.line, join(path, "name"), "required")
+	} else if name, ok := p.str(v, join(path, "name")); ok {
+		switch {
+		case !reRuleName.MatchString(name):
+			p.errf(v.Line, join(path, "name"), "%q must match %s", name, reRuleName)
+		case name == DefaultRuleName:
+			p.errf(v.Line, join(path, "name"), "%q is reserved for the default section", name)
+		case s.byName[name] != nil:
+			p.errf(v.Line, join(path, "name"), "rule %q is already defined on line %d", name, s.byName[name].Line)
+		default:
+			r.Name = name
+			s.byName[name] = r
+		}
+	}
+	if v := f.get("description"); v != nil {
+		if d, ok := p.str(v, join(path, "description")); ok {
+			if len(d) > maxDescription {
+				p.errf(v.Line, join(path, "description"), "longer than %d bytes", maxDescription)
+			}
+			r.Description = d
+		}
+	}
+}
+
+// ruleQuota reads the rule's limit, burst, scope and region slices.
+func (p *parser) ruleQuota(f fieldSet, r *Rule, path string) {
+	var quotaOK bool
+	r.Quota, quotaOK = p.quota(f.get("limit"), f.get("burst"), path, f.line)
+	if v := f.get("scope"); v != nil {
+		if i, ok := p.oneOf(v, join(path, "scope"), "global", "regional"); ok {
+			r.Scope = [...]Scope{Global, Regional}[i]
+		}
+	}
+	regionsNode := f.get("regions")
+	switch {
+	case r.Scope == Regional && regionsNode == nil:
+		p.errf(f.line, join(path, "regions"), "required with scope: regional (the per-region slices of the quota)")
+	case r.Scope == Global && regionsNode != nil:
+		p.errf(f.at("regions"), join(path, "regions"), "only allowed with scope: regional")
+	case regionsNode != nil:
+		r.Regions = p.regions(regionsNode, join(path, "regions"), f.at("regions"), r.Quota, quotaOK)
+	}
+}
+
+// ruleFailure reads what the rule does when the global state cannot be reached: on_failure,
+// retry_after_on_failure and the emergency bucket.
+func (p *parser) ruleFailure(f fieldSet, r *Rule, path string) {
+	if v := f.get("on_failure"); v != nil {
+		if i, ok := p.oneOf(v, join(path, "on_failure"), "deny", "emergency"); ok {
+			r.OnFailure = [...]FailureMode{Deny, Emergency}[i]
+		}
+	}
+	if v := f.get("retry_after_on_failure"); v != nil {
+		fp := join(path, "retry_after_on_failure")
+		if r.OnFailure != Deny {
+			p.errf(v.Line, fp, "applies only to on_failure: deny (an empty emergency bucket answers 429 with its own Retry-After)")
+		} else if ds, ok := p.str(v, fp); ok {
+			d, err := parsePeriod(ds)
+			switch {
+			case err != nil:
+				p.errf(v.Line, fp, "%v", err)
+			case d > maxFailureRetryAfter:
+				p.errf(v.Line, fp, "%s is longer than %s", d, maxFailureRetryAfter)
+			default:
+				r.FailureRetryAfter = d
+			}
+		}
+	}
+	emNode := f.get("emergency")
+	switch {
+	case r.OnFailure == Emergency && emNode == nil:
+		p.errf(f.line, join(path, "emergency"), "required with on_failure: emergency (the local emergency bucket's limit and burst)")
+	case r.OnFailure == Deny && emNode != nil:
+		p.errf(f.at("emergency"), join(path, "emergency"), "only used with on_failure: emergency; this rule fails closed (deny)")
+	case emNode != nil:
+		if q, ok := p.emergency(emNode, join(path, "emergency")); ok {
+			r.Emergency = &q
+		}
+	}
+}
+
+// ruleSwitches reads the rule's switches: shadow, headers and lease.
+func (p *parser) ruleSwitches(f fieldSet, r *Rule, path string) {
+	if v := f.get("shadow"); v != nil {
+		r.Shadow, _ = p.boolean(v, join(path, "shadow"))
+	}
+	if v := f.get("headers"); v != nil {
+		r.Headers, _ = p.boolean(v, join(path, "headers"))
+	}
+	if v := f.get("lease"); v != nil {
+		// on/off as written in the docs; true/false as YAML spells a switch.
+		fp := join(path, "lease")
+		if v.Tag == "!!bool" {
+			on, _ := p.boolean(v, fp)
+			r.Direct = !on
+		} else if i, ok := p.oneOf(v, fp, "on", "off"); ok {
+			r.Direct = i == 1
+		}
+	}
+}
+
+// ruleCosts reads the rule's costs. It returns the operation entries a cost may name (the default
+// rule's are the classes and AnyOperation) and the line errors about costs point at.
+func (p *parser) ruleCosts(s *Set, f fieldSet, r *Rule, path string) (entries []string, costLine int) {
+	entries = r.Operations
+	if r.Default {
+		entries = append(append([]string(nil), s.classes...), AnyOperation)
+	}
+	r.costs = map[string]int64{}
+	costLine = f.line
+	if v := f.get("cost"); v != nil {
+		costLine = v.Line
+		p.costs(v, join(path, "cost"), r, entries)
+	}
+	return entries, costLine
+}
+
+// checkRule checks the rule's fields against each other: costs within every burst, emergency
+// below every main quota it backs up.
+func (p *parser) checkRule(f fieldSet, r *Rule, path string, ovs []*override, entries []string, costLine int) {
+	base := quotaChecks("the rule's limit", r.Quota, r.Regions)
+	all := append([]quotaCheck(nil), base...)
+	for _, o := range ovs {
+		all = append(all, quotaChecks(fmt.Sprintf("tenant %q's override", o.tenant), o.quota, o.regions)...)
+	}
+	maxCost, maxOp := int64(1), ""
+	for _, op := range entries {
+		if c := r.Cost(op); c > maxCost {
+			maxCost, maxOp = c, op
+		}
+	}
+	costWhat := fmt.Sprintf("cost %d of operation %s", maxCost, maxOp)
+	for _, c := range all {
+		if maxCost > c.q.Burst {
+			p.errf(costLine, join(path, "cost"), "%s exceeds burst %d of %s: such a request could never be allowed",
+				costWhat, c.q.Burst, c.what)
+		}
+	}
+	ovPath := func(o *override) string { return index(join(path, "overrides"), o.tenant) }
+	switch {
+	case r.OnFailure == Emergency && r.Emergency != nil:
+		ems := []Quota{*r.Emergency}
+		for _, c := range base {
+			p.checkEmergency(f.at("emergency"), join(path, "emergency"), "emergency", *r.Emergency, c)
+		}
+		for _, o := range ovs {
+			em, field, label := *r.Emergency, ovPath(o), "the rule's emergency"
+			if o.emergency != nil {
+				em, field, label = *o.emergency, field+".emergency", "emergency"
+				ems = append(ems, em)
+			}
+			for _, c := range quotaChecks(fmt.Sprintf("tenant %q's override", o.tenant), o.quota, o.regions) {
+				p.checkEmergency(o.line, field, label, em, c)
+			}
+		}
+		for _, em := range ems {
+			if maxCost > em.Burst {
+				p.errf(costLine, join(path, "cost"), "%s exceeds the emergency burst %d: the emergency bucket could never allow it",
+					costWhat, em.Burst)
+			}
+		}
+	case r.OnFailure == Deny:
+		for _, o := range ovs {
+			if o.emergency != nil {
+				p.errf(o.line, ovPath(o)+".emergency", "only used with on_failure: emergency; this rule fails closed (deny)")
+			}
+		}
+	}
+}
+
+// addRule precomputes the effective limits of a valid rule and its overrides and adds it to s.
+func addRule(s *Set, r *Rule, ovs []*override) {
+	var em *Quota
+	if r.OnFailure == Emergency {
+		em = r.Emergency
+	}
+	r.base = makeLimits(r.Quota, r.Scope, r.Regions, em, false)
+	r.overrides = map[string]*override{}
+	for _, o := range ovs {
+		oe := em
+		if o.emergency != nil {
+			oe = o.emergency
+		}
+		o.limits = makeLimits(o.quota, r.Scope, o.regions, oe, true)
+		r.overrides[o.tenant] = o
+	}
+	if r.Default {
+		s.def = r
+	} else {
+		s.rules = append(s.rules, r)
+	}
+	s.byName[r.Name] = r
+}
+
+func (p *parser) ruleRoutes(s *Set, f fieldSet, src *ruleSrc) {
+	r, path := src.rule, src.path
+	if items, ok := p.list(f, path, "routes", "the route templates the rule applies to", "template"); ok {
+		shapes := map[string]int{}
+		for i, it := range items {
+			fp := fmt.Sprintf("%s.routes[%d]", path, i)
+			raw, ok := p.str(it, fp)
+			if !ok {
+				continue
+			}
+			t, err := parseTemplate(raw)
+			if err != nil {
+				p.errf(it.Line, fp, "%v", err)
+				continue
+			}
+			if first, dup := shapes[t.shape]; dup {
+				p.errf(it.Line, fp, "template %q matches the same paths as %q on line %d", raw, items[first].Value, items[first].Line)
+				continue
+			}
+			shapes[t.shape] = i
+			r.Templates = append(r.Templates, raw)
+			src.tmpls = append(src.tmpls, t)
+			src.tmplLines = append(src.tmplLines, it.Line)
+		}
+	}
+	if items, ok := p.list(f, path, "operations", "classes (read, write), named operations or HTTP methods", "operation"); ok {
+		seen := map[string]bool{}
+		for i, it := range items {
+			fp := fmt.Sprintf("%s.operations[%d]", path, i)
+			op, ok := p.str(it, fp)
+			if !ok {
+				continue
+			}
+			if _, known := s.ops[op]; !known {
+				p.errf(it.Line, fp, "unknown operation %q: not a class (%s), a named operation or an HTTP method of this policy",
+					op, strings.Join(s.classes, ", "))
+				continue
+			}
+			if seen[op] {
+				p.errf(it.Line, fp, "operation %q is listed twice", op)
+				continue
+			}
+			seen[op] = true
+			r.Operations = append(r.Operations, op)
+		}
+	}
+}
+
+func (p *parser) costs(n *yaml.Node, path string, r *Rule, entries []string) {
+	set := func(op string, v *yaml.Node, fp string) {
+		c, ok := p.integer(v, fp)
+		if !ok {
+			return
+		}
+		if c < 1 {
+			p.errf(v.Line, fp, "%d must be at least 1 token", c)
+			return
+		}
+		r.costs[op] = c
+	}
+	if n.Kind == yaml.ScalarNode {
+		if c, ok := p.integer(n, path); ok {
+			if c < 1 {
+				p.errf(n.Line, path, "%d must be at least 1 token", c)
+				return
+			}
+			r.cost = c
+		}
+		return
+	}
+	for _, e := range p.entries(n, path, "operations to costs") {
+		fp := index(path, e.key)
+		if !slices.Contains(entries, e.key) {
+			p.errf(e.line, fp, "%q is not an operation of this rule (%s)", e.key, strings.Join(entries, ", "))
+			continue
+		}
+		set(e.key, e.val, fp)
+	}
+}
+
+func (p *parser) overrides(n *yaml.Node, path string, r *Rule) []*override {
+	var out []*override
+	for _, e := range p.entries(n, path, "tenants to their limits") {
+		op := index(path, e.key)
+		if err := ValidTenant(e.key); err != nil {
+			p.errf(e.line, op, "%s", strings.TrimPrefix(err.Error(), "policy: "))
+			continue
+		}
+		f, ok := p.fields(e.val, op, "limit", "burst", "regions", "emergency")
+		if !ok {
+			continue
+		}
+		o := &override{tenant: e.key, line: e.line}
+		q, qok := p.quota(f.get("limit"), f.get("burst"), op, e.val.Line)
+		o.quota = q
+		rn := f.get("regions")
+		switch {
+		case r.Scope == Regional && rn == nil:
+			p.errf(e.val.Line, join(op, "regions"), "required: the rule is regional, so the override needs its own slices")
+		case r.Scope == Global && rn != nil:
+			p.errf(f.at("regions"), join(op, "regions"), "only allowed when the rule has scope: regional")
+		case rn != nil:
+			o.regions = p.regions(rn, join(op, "regions"), f.at("regions"), q, qok)
+			if o.regions != nil && !sameRegions(o.regions, r.Regions) {
+				p.errf(f.at("regions"), join(op, "regions"), "must name the same regions as the rule (%s)", regionNames(r.Regions))
+			}
+		}
+		if en := f.get("emergency"); en != nil {
+			if eq, ok := p.emergency(en, join(op, "emergency")); ok {
+				o.emergency = &eq
+			}
+		}
+		out = append(out, o)
+	}
+	return out
+}
