@@ -206,8 +206,8 @@ func (s *Summary) Write(w io.Writer) {
 		return
 	}
 	var b strings.Builder
-	b.WriteString("| case | API | mode | checks/s | p50 µs | p99 µs | scripts/check | Redis cmds/check | store ops/check | CPU µs/check agent | coord | Redis | total | denied % | key interval s | ×direct checks/s | ×direct CPU/check | ×empty checks/s |\n")
-	b.WriteString("|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	b.WriteString("| case | API | mode | checks/s | p50 µs | p99 µs | scripts/check | Redis cmds/check | store ops/check | CPU µs/check agent | coord | Redis | total | denied % | unavailable % | key interval s | ×direct checks/s | ×direct CPU/check | ×empty checks/s |\n")
+	b.WriteString("|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range s.results {
 		q := RatiosOf(r, nil, s.Find(r.Case, r.API, Empty))
 		if r.Mode == Lease {
@@ -232,11 +232,11 @@ func (s *Summary) Write(w io.Writer) {
 		if iv := r.KeyInterval(); iv > 0 {
 			interval = fmt.Sprintf("%.1f", iv.Seconds())
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %.0f | %.0f | %s | %s | %s | %.1f | %s | %s | %.1f | %.1f | %s | %s | %s | %s |\n",
+		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %.0f | %.0f | %s | %s | %s | %.1f | %s | %s | %.1f | %.1f | %.1f | %s | %s | %s | %s |\n",
 			r.Case, r.API, r.Mode, r.Rate(), micros(r.Latency.Quantile(0.5)), micros(r.Latency.Quantile(0.99)),
 			dash(r.PerCheck(r.Scripts), "%.4f"), dash(r.PerCheck(r.RedisCmds), "%.3f"), dash(r.PerCheck(r.StoreOps), "%.4f"),
 			r.CPUPerCheck(ProcAgent), dash(r.CPUPerCheck(ProcCoordinator), "%.1f"), dash(r.CPUPerCheck(ProcRedis), "%.1f"),
-			r.TotalCPUPerCheck(), r.Percent(Denied), interval, ratio(q.DirectRate), ratio(q.DirectCPU), ratio(q.EmptyRate))
+			r.TotalCPUPerCheck(), r.Percent(Denied), r.Percent(Unavailable), interval, ratio(q.DirectRate), ratio(q.DirectCPU), ratio(q.EmptyRate))
 	}
 	_, _ = io.WriteString(w, b.String())
 }
