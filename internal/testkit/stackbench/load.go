@@ -126,7 +126,8 @@ func Dial(socket string) (*grpc.ClientConn, error) {
 
 // StartLoad starts load against socket, drawing keys from keys; it runs until Stop.
 func StartLoad(socket string, keys *Keys, load Load) (*Runner, error) {
-	if load.Callers < 1 || (load.API == Stream && (load.Streams < 1 || load.MaxBatch < 1)) {
+	if (load.API != Unary && load.API != Stream && load.API != Envoy) || load.Callers < 1 ||
+		(load.API == Stream && (load.Streams < 1 || load.MaxBatch < 1)) {
 		return nil, fmt.Errorf("stackbench: invalid load %+v", load)
 	}
 	conn, err := Dial(socket)
@@ -140,6 +141,7 @@ func StartLoad(socket string, keys *Keys, load Load) (*Runner, error) {
 			st, err := agentv1.NewAgentServiceClient(conn).CheckStream(r.ctx)
 			if err != nil {
 				r.cancel()
+				r.streamWG.Wait()
 				_ = conn.Close()
 				return nil, fmt.Errorf("stackbench: open stream: %w", err)
 			}
@@ -161,10 +163,6 @@ func StartLoad(socket string, keys *Keys, load Load) (*Runner, error) {
 			r.wg.Go(func() { r.stream(c, s, next) })
 		case Envoy:
 			r.wg.Go(func() { r.envoy(c, next) })
-		default:
-			r.cancel()
-			_ = conn.Close()
-			return nil, fmt.Errorf("stackbench: unknown API %q", load.API)
 		}
 	}
 	return r, nil

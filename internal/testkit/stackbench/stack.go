@@ -99,9 +99,6 @@ func StartStack(t testing.TB, bin Binaries, policy []byte) *Stack {
 // Socket is the agent's Unix socket.
 func (s *Stack) Socket() string { return s.socket }
 
-// Pid is the process id of p (ProcClient: 0, this process).
-func (s *Stack) Pid(p Proc) int { return s.pids[p] }
-
 // AgentMetric is the sum of the agent's metric name over the samples labelled with match.
 func (s *Stack) AgentMetric(ctx context.Context, name string, match ...string) (float64, error) {
 	return ScrapeSum(ctx, s.agentMetrics, name, match...)
