@@ -39,8 +39,13 @@ run: ## Run a local stack (coordinator on its in-memory store, agent, gateway on
 .PHONY: bench
 bench: redis ## Benchmarks; figures in bench/latest.txt and bench/latest.json (format: docs/coordinator.md).
 	@mkdir -p bench
-	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./... | tee bench/latest.txt
+	$(GO) test -run '^$$' -bench . -benchmem -count 1 -timeout 30m ./... | tee bench/latest.txt
 	$(GO) run ./internal/tools/benchjson -o bench/latest.json bench/latest.txt
+
+.PHONY: bench-stack
+bench-stack: redis ## The whole-stack benchmark alone (agent, coordinator, Redis; lease vs direct mode; ~3 min); figures in bench/stack.txt.
+	@mkdir -p bench
+	$(GO) test -run '^$$' -bench BenchmarkStack -benchmem -count 1 -timeout 30m ./internal/testkit/stackbench | tee bench/stack.txt
 
 .PHONY: sim
 sim: ## Run the shipped simulation scenarios (examples/sim); report with plots in out/sim/report.md.

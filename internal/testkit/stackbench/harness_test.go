@@ -1,0 +1,211 @@
+package stackbench_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/leasebucket/leasebucket/internal/lease"
+	"github.com/leasebucket/leasebucket/internal/testkit/proctest"
+	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
+	sb "github.com/leasebucket/leasebucket/internal/testkit/stackbench"
+	"github.com/leasebucket/leasebucket/policy"
+)
+
+// TestPolicies: every case's policy file parses; its rule is the one the checks reach, in direct
+// mode exactly when the file says `lease: off`, with the limit the case documents, and a lease
+// lifetime of 250 ms (τ = C/(4r)); the RLS mapping is the one the load sends.
+func TestPolicies(t *testing.T) {
+	for _, c := range sb.Cases {
+		for _, m := range []sb.Mode{sb.Direct, sb.Lease} {
+			set, err := policy.Parse(c.Name+".yaml", sb.PolicyYAML(c, m))
+			if err != nil {
+				t.Fatalf("%s %s: %v", c.Name, m, err)
+			}
+			route, err := set.Match(sb.Path, sb.Operation)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if route.Rule.Name != sb.RuleName {
+				t.Errorf("%s %s: %s %s matches rule %q, want %q", c.Name, m, sb.Operation, sb.Path, route.Rule.Name, sb.RuleName)
+			}
+			if got, want := route.Rule.Direct, m == sb.Direct; got != want {
+				t.Errorf("%s %s: Direct = %t, want %t", c.Name, m, got, want)
+			}
+			lim, err := set.Limits(route, "t0", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if lim.Burst != c.Burst {
+				t.Errorf("%s %s: burst %d, want %d", c.Name, m, lim.Burst, c.Burst)
+			}
+			if got := lease.TTL(lim.Bucket); got != 250*time.Millisecond {
+				t.Errorf("%s %s: lease lifetime %v, want 250ms", c.Name, m, got)
+			}
+		}
+	}
+}
+
+// TestRedisProbe: the probe counts script runs and every command, those run inside scripts
+// included, and leaves its own INFO out.
+func TestRedisProbe(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	probe, pid, err := sb.NewRedisProbe(ctx, srv.Options())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
+	if cpu, err := sb.ProcCPU(pid); err != nil || cpu < 0 {
+		t.Fatalf("redis-server pid %d: CPU %v, %v", pid, cpu, err)
+	}
+	c := srv.Client(t)
+	if err := c.Ping(ctx).Err(); err != nil { // the client's connection handshake, before the first reading
+		t.Fatal(err)
+	}
+	s0, err := probe.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1, err := probe.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s1 != s0 {
+		t.Errorf("nothing ran, yet the readings differ: %+v then %+v", s0, s1)
+	}
+	if err := c.Eval(ctx, "redis.call('SET', KEYS[1], 'v'); return redis.call('GET', KEYS[1])", []string{"k"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Incr(ctx, "n").Err(); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := probe.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := (sb.RedisStats{Commands: s2.Commands - s1.Commands, Scripts: s2.Scripts - s1.Scripts}); d != (sb.RedisStats{Commands: 4, Scripts: 1}) {
+		t.Errorf("EVAL (SET, GET) and INCR counted as %+v, want 4 commands, 1 script", d)
+	}
+}
+
+// TestHarness runs the harness on tiny loads against a real lease-mode stack and the empty
+// handler, and checks that it measures what it claims: every check answered and none failed;
+// the checks the load counts are the agent's decisions; the scripts counted in Redis are the
+// store operations the coordinator counts; every process's CPU time grows. No speed is asserted.
+func TestHarness(t *testing.T) {
+	redistest.Require(t)
+	bin := binaries(t)
+	ctx := context.Background()
+	c := sb.Case{Name: "tiny", Keys: sb.Dist{Kind: sb.Uniform, N: 1000}, Limit: sb.TenantLimit, Burst: sb.TenantBurst}
+	stack := sb.StartStack(t, bin, sb.PolicyYAML(c, sb.Lease))
+	keys := c.Keys.New(1)
+	warmed, err := sb.Warm(ctx, stack.Socket(), keys, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if warmed != int64(c.Keys.N) {
+		t.Fatalf("Warm answered %d checks, want %d", warmed, c.Keys.N)
+	}
+	tm := sb.Timing{Warmup: 50 * time.Millisecond, Measure: 250 * time.Millisecond}
+	const callers = 4
+	before, err := stack.Sample(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total sb.Result // the three runs' sums
+	clientChecks := warmed
+	for _, api := range []sb.API{sb.Unary, sb.Stream, sb.Envoy} {
+		res, err := sb.Measure(ctx, stack, keys, sb.Load{API: api, Callers: callers, Streams: 2, MaxBatch: 4, Linger: 50 * time.Microsecond}, tm)
+		if err != nil {
+			t.Fatalf("%s: %v", api, err)
+		}
+		checkRun(t, fmt.Sprintf("%s lease", api), res, tm.Measure)
+		if res.Outcomes[sb.Denied] != 0 {
+			t.Errorf("%s: %d denials on keys far below their limit", api, res.Outcomes[sb.Denied])
+		}
+		// Checks sent and answered in the window differ by what was in flight at its ends.
+		if d := res.MessageChecks - res.Checks(); api == sb.Stream && (res.Messages == 0 || d < -callers || d > callers) {
+			t.Errorf("stream: %d messages carried %d checks; %d answered", res.Messages, res.MessageChecks, res.Checks())
+		}
+		if iv := res.KeyInterval(); iv <= 0 {
+			t.Errorf("%s: key interval %v", api, iv)
+		}
+		total.Scripts += res.Scripts
+		total.RedisCmds += res.RedisCmds
+		for _, n := range res.Total {
+			clientChecks += n
+		}
+	}
+	after, err := stack.Sample(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p, name := range map[sb.Proc]string{sb.ProcAgent: "agent", sb.ProcCoordinator: "coordinator", sb.ProcRedis: "redis-server", sb.ProcClient: "load generator"} {
+		if d := after.CPU[p] - before.CPU[p]; d <= 0 {
+			t.Errorf("%s used %v of CPU over the three runs", name, d)
+		}
+	}
+	if total.Scripts <= 0 || total.RedisCmds < total.Scripts {
+		t.Errorf("Redis counted %v script runs and %v commands on cold keys", total.Scripts, total.RedisCmds)
+	}
+
+	// At rest (the last leases returned), the counts agree exactly: the scripts Redis ran since it
+	// started are the store operations the coordinator made, and the agent decided every check
+	// the load counted, plus at most the callers' checks in flight when each run stopped.
+	proctest.WaitFor(t, 10*time.Second, "Redis' script runs to equal the coordinator's store operations", func() bool {
+		ops, err := stack.CoordinatorMetric(ctx, "leasebucket_coordinator_items_total")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := stack.Sample(ctx, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Redis.Scripts != ops {
+			t.Logf("Redis ran %v scripts; the coordinator counts %v store operations", s.Redis.Scripts, ops)
+			time.Sleep(100 * time.Millisecond)
+		}
+		return s.Redis.Scripts == ops
+	})
+	decided, err := stack.AgentMetric(ctx, "leasebucket_agent_decisions_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := int64(decided); d < clientChecks || d > clientChecks+3*callers {
+		t.Errorf("the agent decided %d checks; the load counted %d (+ at most %d in flight)", d, clientChecks, 3*callers)
+	}
+
+	// The empty handler answers every API, always allowed.
+	empty := sb.StartEmpty(t, bin)
+	for _, api := range []sb.API{sb.Unary, sb.Stream, sb.Envoy} {
+		etm := sb.Timing{Warmup: 20 * time.Millisecond, Measure: 100 * time.Millisecond}
+		res, err := sb.Measure(ctx, empty, keys, sb.Load{API: api, Callers: callers, Streams: 2, MaxBatch: 4, Linger: 50 * time.Microsecond}, etm)
+		if err != nil {
+			t.Fatalf("empty %s: %v", api, err)
+		}
+		checkRun(t, fmt.Sprintf("%s empty", api), res, etm.Measure)
+		if res.Outcomes[sb.Allowed] != res.Checks() {
+			t.Errorf("empty %s: %v, want every check allowed", api, res.Outcomes)
+		}
+	}
+}
+
+// checkRun fails t unless res answered checks, none failed, and its latencies are plausible.
+func checkRun(t *testing.T, name string, res sb.Result, measure time.Duration) {
+	t.Helper()
+	n := res.Checks()
+	if n == 0 || res.Outcomes[sb.Failed] != 0 || res.Err != nil {
+		t.Errorf("%s: %d checks, outcomes %v, first failure %v", name, n, res.Outcomes, res.Err)
+	}
+	if got := res.Latency.Count(); got != uint64(n) {
+		t.Errorf("%s: %d latencies for %d checks", name, got, n)
+	}
+	if p50, p99 := res.Latency.Quantile(0.5), res.Latency.Quantile(0.99); p50 <= 0 || p99 < p50 || p99 > 10*time.Second {
+		t.Errorf("%s: p50 %v, p99 %v", name, p50, p99)
+	}
+	if res.Wall < measure*9/10 {
+		t.Errorf("%s: measured for %v, want %v", name, res.Wall, measure)
+	}
+}

@@ -1,0 +1,488 @@
+package stackbench
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
+)
+
+// API is how the load asks the agent.
+type API string
+
+// APIs.
+const (
+	// Unary: AgentService.Check, one check per call.
+	Unary API = "unary"
+	// Stream: AgentService.CheckStream. Callers hand their check to one of the connection's
+	// streams, whose sender batches them as the Go client package does: what is queued when it
+	// is free goes out as one message (at most Load.MaxBatch checks), lingering up to
+	// Load.Linger for more under load; at one check in flight a message is one check.
+	Stream API = "stream"
+	// Envoy: RateLimitService.ShouldRateLimit, one descriptor (tenant, path, method) per call,
+	// as Envoy's HTTP rate limit filter sends with the policy's mapping.
+	Envoy API = "rls"
+)
+
+// Load is a closed loop: Callers goroutines, each sending one check, waiting for its answer and
+// sending the next at once, all over one gRPC connection to the agent's socket (as a gateway
+// holds one).
+type Load struct {
+	API      API
+	Callers  int
+	Streams  int           // Stream: streams on the connection, the callers spread evenly over them
+	MaxBatch int           // Stream: most checks in one message
+	Linger   time.Duration // Stream: longest wait for more checks under load (0: none)
+}
+
+// Outcome is what a check got.
+type Outcome uint8
+
+// Outcomes.
+const (
+	Allowed     Outcome = iota
+	Denied              // 429: over the limit
+	Unavailable         // 503: the rule's failure mode (global state not reached in time)
+	Failed              // no decision: a gRPC error or a malformed answer
+	numOutcomes
+)
+
+// Window is what the callers saw while measuring (between Runner.Begin and Runner.End), and in
+// Total over the whole run.
+type Window struct {
+	Wall     time.Duration
+	Latency  Hist
+	Outcomes [numOutcomes]int64
+	Total    [numOutcomes]int64 // every check of the run, warm-up included
+	// Messages and MessageChecks are the stream messages sent while measuring and the checks
+	// they carried.
+	Messages, MessageChecks int64
+	Err                     error // the first failure, if any
+}
+
+// Checks is the number of checks answered while measuring.
+func (w *Window) Checks() int64 {
+	var n int64
+	for _, c := range w.Outcomes {
+		n += c
+	}
+	return n
+}
+
+// caller is one goroutine of the loop and what it saw.
+type caller struct {
+	hist     Hist
+	outcomes [numOutcomes]int64
+	total    [numOutcomes]int64
+	err      error
+}
+
+func (c *caller) record(measuring bool, d time.Duration, o Outcome, err error) {
+	c.total[o]++
+	if err != nil && c.err == nil {
+		c.err = err
+	}
+	if measuring {
+		c.hist.Record(d)
+		c.outcomes[o]++
+	}
+}
+
+// Runner is a running load.
+type Runner struct {
+	load      Load
+	keys      *Keys
+	conn      *grpc.ClientConn
+	ctx       context.Context
+	cancel    context.CancelFunc
+	measuring atomic.Bool
+	callers   []*caller
+	wg        sync.WaitGroup // callers
+	streamWG  sync.WaitGroup // streams' senders and receivers
+	streams   []*checkStream
+	msgs      atomic.Int64
+	msgChecks atomic.Int64
+	begin     time.Time
+	end       time.Time
+}
+
+// Dial connects to the Unix socket; gRPC connects on first use.
+func Dial(socket string) (*grpc.ClientConn, error) {
+	return grpc.NewClient("unix:"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+// StartLoad starts load against socket, drawing keys from keys; it runs until Stop.
+func StartLoad(socket string, keys *Keys, load Load) (*Runner, error) {
+	if (load.API != Unary && load.API != Stream && load.API != Envoy) || load.Callers < 1 ||
+		(load.API == Stream && (load.Streams < 1 || load.MaxBatch < 1)) {
+		return nil, fmt.Errorf("stackbench: invalid load %+v", load)
+	}
+	conn, err := Dial(socket)
+	if err != nil {
+		return nil, err
+	}
+	r := &Runner{load: load, keys: keys, conn: conn, callers: make([]*caller, load.Callers)}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	if load.API == Stream {
+		for range load.Streams {
+			st, err := agentv1.NewAgentServiceClient(conn).CheckStream(r.ctx)
+			if err != nil {
+				r.cancel()
+				r.streamWG.Wait()
+				_ = conn.Close()
+				return nil, fmt.Errorf("stackbench: open stream: %w", err)
+			}
+			s := &checkStream{st: st, queue: make(chan *pending, load.Callers), inflight: map[uint64][]*pending{}, dead: make(chan struct{})}
+			r.streams = append(r.streams, s)
+			r.streamWG.Go(func() { r.send(s) })
+			r.streamWG.Go(func() { r.receive(s) })
+		}
+	}
+	for i := range r.callers {
+		c := &caller{}
+		r.callers[i] = c
+		next := keys.Sampler(i)
+		switch load.API {
+		case Unary:
+			r.wg.Go(func() { r.unary(c, next) })
+		case Stream:
+			s := r.streams[i%len(r.streams)]
+			r.wg.Go(func() { r.stream(c, s, next) })
+		case Envoy:
+			r.wg.Go(func() { r.envoy(c, next) })
+		}
+	}
+	return r, nil
+}
+
+// Begin starts the measured window.
+func (r *Runner) Begin() {
+	r.begin = time.Now()
+	r.measuring.Store(true)
+}
+
+// End ends the measured window.
+func (r *Runner) End() {
+	r.measuring.Store(false)
+	r.end = time.Now()
+}
+
+// Stop stops the callers (a check in flight is abandoned, never counted), closes the connection
+// and returns what they saw.
+func (r *Runner) Stop() Window {
+	r.cancel()
+	r.wg.Wait()
+	r.streamWG.Wait()
+	_ = r.conn.Close()
+	w := Window{Wall: r.end.Sub(r.begin), Messages: r.msgs.Load(), MessageChecks: r.msgChecks.Load()}
+	for _, c := range r.callers {
+		w.Latency.Merge(&c.hist)
+		for o := range numOutcomes {
+			w.Outcomes[o] += c.outcomes[o]
+			w.Total[o] += c.total[o]
+		}
+		if w.Err == nil {
+			w.Err = c.err
+		}
+	}
+	return w
+}
+
+func (r *Runner) unary(c *caller, next func() int) {
+	client := agentv1.NewAgentServiceClient(r.conn)
+	req := &agentv1.CheckRequest{Route: Path, Operation: Operation}
+	for r.ctx.Err() == nil {
+		req.Tenant = r.keys.Tenant(next())
+		t0 := time.Now()
+		resp, err := client.Check(r.ctx, req)
+		d := time.Since(t0)
+		if r.ctx.Err() != nil {
+			return
+		}
+		o, err := nativeOutcome(resp.GetDecision(), err)
+		c.record(r.measuring.Load(), d, o, err)
+	}
+}
+
+func nativeOutcome(d agentv1.Decision, err error) (Outcome, error) {
+	if err != nil {
+		return Failed, err
+	}
+	switch d {
+	case agentv1.Decision_DECISION_ALLOW:
+		return Allowed, nil
+	case agentv1.Decision_DECISION_DENY:
+		return Denied, nil
+	case agentv1.Decision_DECISION_UNAVAILABLE:
+		return Unavailable, nil
+	}
+	return Failed, fmt.Errorf("stackbench: decision %v", d)
+}
+
+func (r *Runner) envoy(c *caller, next func() int) {
+	client := ratelimitv3.NewRateLimitServiceClient(r.conn)
+	tenant := &commonv3.RateLimitDescriptor_Entry{Key: "tenant"}
+	req := &ratelimitv3.RateLimitRequest{Domain: "leasebucket", Descriptors: []*commonv3.RateLimitDescriptor{{
+		Entries: []*commonv3.RateLimitDescriptor_Entry{tenant, {Key: "path", Value: Path}, {Key: "method", Value: Operation}},
+	}}}
+	for r.ctx.Err() == nil {
+		tenant.Value = r.keys.Tenant(next())
+		t0 := time.Now()
+		resp, err := client.ShouldRateLimit(r.ctx, req)
+		d := time.Since(t0)
+		if r.ctx.Err() != nil {
+			return
+		}
+		o, err := envoyOutcome(resp, err)
+		c.record(r.measuring.Load(), d, o, err)
+	}
+}
+
+// envoyOutcome maps an RLS answer: OK allows, OVER_LIMIT denies (429), the gRPC error
+// UNAVAILABLE is a fail-closed rule whose global state was not reached (503 behind Envoy).
+func envoyOutcome(resp *ratelimitv3.RateLimitResponse, err error) (Outcome, error) {
+	switch {
+	case status.Code(err) == codes.Unavailable:
+		return Unavailable, nil
+	case err != nil:
+		return Failed, err
+	case resp.OverallCode == ratelimitv3.RateLimitResponse_OK:
+		return Allowed, nil
+	case resp.OverallCode == ratelimitv3.RateLimitResponse_OVER_LIMIT:
+		return Denied, nil
+	}
+	return Failed, fmt.Errorf("stackbench: RLS overall code %v", resp.OverallCode)
+}
+
+// checkStream is one CheckStream with its sender's queue and the messages awaiting answers.
+type checkStream struct {
+	st       agentv1.AgentService_CheckStreamClient
+	queue    chan *pending
+	mu       sync.Mutex
+	inflight map[uint64][]*pending // by message id
+	nextID   uint64                // sender only
+	dead     chan struct{}         // closed when the stream failed; err says why
+	once     sync.Once
+	err      error
+}
+
+// pending is a caller's check on a stream; the caller reuses it for its next check once
+// answered.
+type pending struct {
+	req  *agentv1.CheckRequest
+	done chan answer // capacity 1: the receiver never blocks on a caller
+}
+
+type answer struct {
+	decision agentv1.Decision
+	err      error
+}
+
+// inFlight is the number of messages sent and not answered yet.
+func (s *checkStream) inFlight() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.inflight)
+}
+
+func (s *checkStream) fail(err error) {
+	s.once.Do(func() {
+		s.err = err
+		close(s.dead)
+	})
+}
+
+func (r *Runner) stream(c *caller, s *checkStream, next func() int) {
+	p := &pending{req: &agentv1.CheckRequest{Route: Path, Operation: Operation}, done: make(chan answer, 1)}
+	for r.ctx.Err() == nil {
+		p.req.Tenant = r.keys.Tenant(next())
+		t0 := time.Now()
+		var a answer
+		gone := false
+		select {
+		case s.queue <- p:
+			select {
+			case a = <-p.done:
+			case <-s.dead:
+				a.err, gone = s.err, true
+			case <-r.ctx.Done():
+				return
+			}
+		case <-s.dead:
+			a.err, gone = s.err, true
+		case <-r.ctx.Done():
+			return
+		}
+		d := time.Since(t0)
+		if r.ctx.Err() != nil {
+			return
+		}
+		o, err := nativeOutcome(a.decision, a.err)
+		c.record(r.measuring.Load(), d, o, err)
+		if gone {
+			return
+		}
+	}
+}
+
+// send sends the queued checks as messages of at most MaxBatch checks until the run stops.
+func (r *Runner) send(s *checkStream) {
+	for {
+		var batch []*pending
+		select {
+		case p := <-s.queue:
+			batch = append(make([]*pending, 0, r.load.MaxBatch), p)
+		case <-r.ctx.Done():
+			return
+		case <-s.dead:
+			return
+		}
+		batch = r.fill(s, batch)
+		msg := &agentv1.CheckStreamRequest{Id: s.nextID, Checks: make([]*agentv1.CheckRequest, len(batch))}
+		for i, p := range batch {
+			msg.Checks[i] = p.req
+		}
+		s.mu.Lock()
+		s.inflight[s.nextID] = batch
+		s.mu.Unlock()
+		s.nextID++
+		if r.measuring.Load() {
+			r.msgs.Add(1)
+			r.msgChecks.Add(int64(len(batch)))
+		}
+		// Send marshals msg before it returns; a caller changes its request only after its answer.
+		if err := s.st.Send(msg); err != nil {
+			s.fail(fmt.Errorf("stackbench: stream send: %w", err))
+			return
+		}
+	}
+}
+
+// fill adds queued checks to batch as the client package's sender does: whatever is queued at
+// once and then, under load (the batch already has company, or messages are in flight), what
+// arrives while the processor is yielded for up to Load.Linger, stopping early when a yield
+// brought nothing.
+func (r *Runner) fill(s *checkStream, batch []*pending) []*pending {
+	drain := func() (added int, full bool) {
+		for len(batch) < r.load.MaxBatch {
+			select {
+			case p := <-s.queue:
+				batch = append(batch, p)
+				added++
+			default:
+				return added, false
+			}
+		}
+		return added, true
+	}
+	if _, full := drain(); full || r.load.Linger <= 0 || (len(batch) < 2 && s.inFlight() == 0) {
+		return batch
+	}
+	for start := time.Now(); time.Since(start) < r.load.Linger; {
+		runtime.Gosched()
+		if added, full := drain(); full || added == 0 {
+			break
+		}
+	}
+	return batch
+}
+
+// receive hands each answer to its callers until the stream ends.
+func (r *Runner) receive(s *checkStream) {
+	for {
+		resp, err := s.st.Recv()
+		if err != nil {
+			s.fail(fmt.Errorf("stackbench: stream receive: %w", err))
+			return
+		}
+		s.mu.Lock()
+		ps, ok := s.inflight[resp.Id]
+		delete(s.inflight, resp.Id)
+		s.mu.Unlock()
+		if !ok || len(resp.Results) != len(ps) {
+			s.fail(fmt.Errorf("stackbench: stream answer %d: %d results for %d checks", resp.Id, len(resp.Results), len(ps)))
+			return
+		}
+		for i, p := range ps {
+			a := answer{decision: resp.Results[i].GetDecision()}
+			if i < len(resp.Errors) && resp.Errors[i] != "" {
+				a.err = errors.New(resp.Errors[i])
+			}
+			p.done <- a
+		}
+	}
+}
+
+// Warm checks every key of keys once (Keys.Pass order) in CheckBatch calls of 64 checks from 8
+// goroutines, then waits settle for the leases this took to expire and be returned (Settle,
+// several lease lifetimes, in the benchmark): afterwards the agent knows every key, as it would
+// in a process that has run for a while, and a key's next check is its steady-state cold check.
+// It returns the number of checks answered. Denials and unavailable answers are fine; an error
+// is returned.
+func Warm(ctx context.Context, socket string, keys *Keys, settle time.Duration) (int64, error) {
+	conn, err := Dial(socket)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = conn.Close() }()
+	client := agentv1.NewAgentServiceClient(conn)
+	var answered atomic.Int64
+	const batch, workers = 64, 8
+	n := keys.Dist().N
+	var (
+		cursor atomic.Int64
+		mu     sync.Mutex
+		first  error
+		wg     sync.WaitGroup
+	)
+	for range workers {
+		wg.Go(func() {
+			for {
+				lo := int(cursor.Add(batch)) - batch
+				if lo >= n || ctx.Err() != nil {
+					return
+				}
+				req := &agentv1.CheckBatchRequest{}
+				for j := lo; j < min(lo+batch, n); j++ {
+					req.Checks = append(req.Checks, &agentv1.CheckRequest{Tenant: keys.Tenant(keys.Pass(j)), Route: Path, Operation: Operation})
+				}
+				resp, err := client.CheckBatch(ctx, req)
+				if err == nil {
+					for _, e := range resp.Errors {
+						if e != "" {
+							err = errors.New(e)
+							break
+						}
+					}
+				}
+				if err == nil {
+					answered.Add(int64(len(resp.Results)))
+				}
+				if err != nil {
+					mu.Lock()
+					first = cmp.Or(first, fmt.Errorf("stackbench: warm: %w", err))
+					mu.Unlock()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if first != nil {
+		return answered.Load(), first
+	}
+	return answered.Load(), sleep(ctx, settle)
+}

@@ -1,0 +1,90 @@
+package stackbench
+
+import (
+	"fmt"
+	"strconv"
+)
+
+// Mode is how the benchmarked rule spends its global bucket.
+type Mode string
+
+// Modes. Empty is not a rule: it names runs against the empty handler (cmd emptyagent).
+const (
+	Lease  Mode = "lease"  // lease: on, agents hold leases sized by demand
+	Direct Mode = "direct" // lease: off, every check one atomic take in the global bucket
+	Empty  Mode = "empty"  // no limiter: every check allowed by a handler that does nothing else
+)
+
+// The request every check makes: a route of the benchmarked rule (RuleName) and a read.
+const (
+	RuleName  = "items"
+	Path      = "/v1/items/42"
+	Operation = "GET"
+)
+
+// Limits of the benchmarked rule, and why.
+const (
+	// HotLimit and HotBurst never deny one key at any rate one agent serves (10 million checks a
+	// second, two orders of magnitude above the stream ceiling measured in agent's
+	// BenchmarkUnixCheckStream): the hot-key case measures what a check costs, never a denial.
+	// τ = C/(4r) = 250 ms.
+	HotLimit = "10000000/second"
+	HotBurst = 10_000_000
+
+	// TenantLimit and TenantBurst are a per-tenant limit of the order public APIs publish for
+	// one account (tens to hundreds of requests a second): 100 a second with a burst of one
+	// second's worth. τ = C/(4r) = 250 ms, the lease lifetime of the issue's measurement. The
+	// uniform cases never deny with it (a key is checked far less than 4 times a second there);
+	// under Zipf s=1.1 the head tenants go over it, as the heaviest tenants of a real API do, and
+	// are denied.
+	TenantLimit = "100/second"
+	TenantBurst = 100
+)
+
+// Case is one key distribution and the rule its tenants are limited by.
+type Case struct {
+	Name  string
+	Keys  Dist
+	Limit string // the rule's limit, as the policy file writes it
+	Burst int64
+}
+
+// Cases are the benchmark's cases, in the order they run.
+var Cases = []Case{
+	{Name: "hot", Keys: Dist{Kind: Hot, N: 1}, Limit: HotLimit, Burst: HotBurst},
+	{Name: "uniform-10k", Keys: Dist{Kind: Uniform, N: 10_000}, Limit: TenantLimit, Burst: TenantBurst},
+	{Name: "uniform-100k", Keys: Dist{Kind: Uniform, N: 100_000}, Limit: TenantLimit, Burst: TenantBurst},
+	{Name: "zipf-1.1-100k", Keys: Dist{Kind: Zipf, N: 100_000, S: 1.1}, Limit: TenantLimit, Burst: TenantBurst},
+}
+
+// PolicyYAML is the policy file of case c in mode m (Lease or Direct): one rule on Path's
+// template for reads, with the case's limit and `lease: on` or `lease: off`, and the Envoy
+// descriptor mapping spelled out (tenant, path, method). The rest goes to a default rule no
+// benchmark check reaches.
+func PolicyYAML(c Case, m Mode) []byte {
+	if m != Lease && m != Direct {
+		panic(fmt.Sprintf("stackbench: no policy for mode %q", m))
+	}
+	lease := "on"
+	if m == Direct {
+		lease = "off"
+	}
+	version := "stackbench-" + c.Name + "-" + string(m)
+	return fmt.Appendf(nil, `version: %q
+envoy:
+  domain: leasebucket
+  tenant_key: tenant
+  route_key: path
+  operation_key: method
+rules:
+  - name: %s
+    routes: ["/v1/items/{id}"]
+    operations: [read]
+    limit: %s
+    burst: %s
+    lease: %s
+default:
+  limit: 60/minute
+  burst: 10
+`, version, RuleName, c.Limit, strconv.FormatInt(c.Burst, 10), lease)
+}

@@ -1,0 +1,242 @@
+package stackbench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Timing is how long a run warms up (load running, nothing counted) and then measures.
+type Timing struct {
+	Warmup, Measure time.Duration
+}
+
+// Result is one measured run: a case, an API and a mode.
+type Result struct {
+	Case string
+	API  API
+	Mode Mode
+	Dist Dist
+	Window
+	// Deltas over the measured window.
+	CPU       [numProcs]time.Duration
+	Scripts   float64 // script runs in Redis (EVALSHA, EVAL, FCALL…)
+	RedisCmds float64 // every command Redis ran, script commands included, the probe's excluded
+	StoreOps  float64 // items of the coordinator's calls
+	Mallocs   uint64  // heap allocations of this process (the load generator)
+	Bytes     uint64
+}
+
+// Measure runs load against target: the callers start, run for tm.Warmup uncounted, then for
+// tm.Measure counted, and stop. The counters are read around the measured window (Target.Sample).
+func Measure(ctx context.Context, target Target, keys *Keys, load Load, tm Timing) (Result, error) {
+	res := Result{API: load.API, Dist: keys.Dist()}
+	r, err := StartLoad(target.Socket(), keys, load)
+	if err != nil {
+		return res, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			r.Stop()
+		}
+	}()
+	if err := sleep(ctx, tm.Warmup); err != nil {
+		return res, err
+	}
+	a, err := target.Sample(ctx, false)
+	if err != nil {
+		return res, err
+	}
+	r.Begin()
+	err = sleep(ctx, tm.Measure)
+	r.End()
+	if err != nil {
+		return res, err
+	}
+	z, err := target.Sample(ctx, true)
+	stopped = true
+	res.Window = r.Stop()
+	if err != nil {
+		return res, err
+	}
+	for p := range numProcs {
+		res.CPU[p] = z.CPU[p] - a.CPU[p]
+	}
+	res.Scripts = z.Redis.Scripts - a.Redis.Scripts
+	res.RedisCmds = z.Redis.Commands - a.Redis.Commands
+	res.StoreOps = z.StoreOps - a.StoreOps
+	res.Mallocs, res.Bytes = z.Mallocs-a.Mallocs, z.Bytes-a.Bytes
+	if res.Checks() == 0 && res.Err != nil {
+		return res, fmt.Errorf("stackbench: no check answered in %v; the first failure: %w", tm.Measure, res.Err)
+	}
+	if res.Checks() == 0 {
+		return res, fmt.Errorf("stackbench: no check answered in %v", tm.Measure)
+	}
+	return res, nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Rate is checks answered per second of the measured window.
+func (r *Result) Rate() float64 { return float64(r.Checks()) / r.Wall.Seconds() }
+
+// PerCheck is x over the checks answered.
+func (r *Result) PerCheck(x float64) float64 { return x / float64(r.Checks()) }
+
+// CPUPerCheck is process p's CPU time per check, in µs.
+func (r *Result) CPUPerCheck(p Proc) float64 {
+	return r.PerCheck(float64(r.CPU[p]) / float64(time.Microsecond))
+}
+
+// TotalCPUPerCheck is the CPU per check, in µs, of the limiter's processes: agent, coordinator
+// and Redis (for the empty handler, its process alone).
+func (r *Result) TotalCPUPerCheck() float64 {
+	return r.CPUPerCheck(ProcAgent) + r.CPUPerCheck(ProcCoordinator) + r.CPUPerCheck(ProcRedis)
+}
+
+// Percent is the share of the checks that got o, in %.
+func (r *Result) Percent(o Outcome) float64 { return 100 * r.PerCheck(float64(r.Outcomes[o])) }
+
+// KeyInterval is, for a uniform case, how long apart two checks of one key are: N checks of the
+// walk at the measured rate. 0 for the other distributions, whose keys have no single interval.
+func (r *Result) KeyInterval() time.Duration {
+	if r.Dist.Kind != Uniform {
+		return 0
+	}
+	return time.Duration(float64(r.Dist.N) / r.Rate() * float64(time.Second))
+}
+
+// Report reports r's figures as b's metrics (docs: the README's Performance section). ns/op is
+// the wall time per check; B/op and allocs/op are the load generator's per check.
+func (r *Result) Report(b *testing.B) {
+	b.ReportMetric(float64(r.Wall.Nanoseconds())/float64(r.Checks()), "ns/op")
+	b.ReportMetric(r.PerCheck(float64(r.Bytes)), "B/op")
+	b.ReportMetric(r.PerCheck(float64(r.Mallocs)), "allocs/op")
+	b.ReportMetric(r.Rate(), "checks/s")
+	b.ReportMetric(micros(r.Latency.Quantile(0.5)), "p50-µs")
+	b.ReportMetric(micros(r.Latency.Quantile(0.99)), "p99-µs")
+	b.ReportMetric(r.CPUPerCheck(ProcAgent), "agent-cpu-µs/check")
+	b.ReportMetric(r.CPUPerCheck(ProcClient), "client-cpu-µs/check")
+	b.ReportMetric(r.Percent(Denied), "denied-%")
+	b.ReportMetric(r.Percent(Unavailable), "unavailable-%")
+	if r.Mode != Empty {
+		b.ReportMetric(r.CPUPerCheck(ProcCoordinator), "coord-cpu-µs/check")
+		b.ReportMetric(r.CPUPerCheck(ProcRedis), "redis-cpu-µs/check")
+		b.ReportMetric(r.TotalCPUPerCheck(), "total-cpu-µs/check")
+		b.ReportMetric(r.PerCheck(r.Scripts), "scripts/check")
+		b.ReportMetric(r.PerCheck(r.RedisCmds), "redis-cmds/check")
+		b.ReportMetric(r.PerCheck(r.StoreOps), "store-ops/check")
+	}
+	if r.API == Stream && r.Messages > 0 {
+		b.ReportMetric(float64(r.MessageChecks)/float64(r.Messages), "checks/msg")
+	}
+	if iv := r.KeyInterval(); iv > 0 {
+		b.ReportMetric(float64(iv)/float64(time.Millisecond), "key-interval-ms")
+	}
+}
+
+func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// Ratios of a lease run to the direct run and to the empty handler of the same case and API
+// (0 when that run is missing).
+type Ratios struct {
+	DirectRate, DirectCPU, EmptyRate float64
+}
+
+// RatiosOf compares r with direct and empty, either of which may be nil.
+func RatiosOf(r, direct, empty *Result) Ratios {
+	var q Ratios
+	if direct != nil {
+		q.DirectRate = r.Rate() / direct.Rate()
+		q.DirectCPU = r.TotalCPUPerCheck() / direct.TotalCPUPerCheck()
+	}
+	if empty != nil {
+		q.EmptyRate = r.Rate() / empty.Rate()
+	}
+	return q
+}
+
+// Report reports the ratios as b's metrics: x-direct-checks/s, x-direct-cpu/check and
+// x-empty-checks/s.
+func (q Ratios) Report(b *testing.B) {
+	if q.DirectRate > 0 {
+		b.ReportMetric(q.DirectRate, "x-direct-checks/s")
+		b.ReportMetric(q.DirectCPU, "x-direct-cpu/check")
+	}
+	if q.EmptyRate > 0 {
+		b.ReportMetric(q.EmptyRate, "x-empty-checks/s")
+	}
+}
+
+// Summary collects results in the order they ran and prints them as one Markdown table.
+type Summary struct {
+	results []*Result
+}
+
+// Add appends a result.
+func (s *Summary) Add(r Result) { s.results = append(s.results, &r) }
+
+// Find is the result of case c, API a and mode m, nil if it did not run.
+func (s *Summary) Find(c string, a API, m Mode) *Result {
+	for _, r := range s.results {
+		if r.Case == c && r.API == a && r.Mode == m {
+			return r
+		}
+	}
+	return nil
+}
+
+// Write prints the table: one row per run, the ratios on the rows they compare (a lease row and
+// a direct row to the case's empty handler; a lease row to its direct row).
+func (s *Summary) Write(w io.Writer) {
+	if len(s.results) == 0 {
+		return
+	}
+	var b strings.Builder
+	b.WriteString("| case | API | mode | checks/s | p50 µs | p99 µs | scripts/check | Redis cmds/check | store ops/check | CPU µs/check agent | coord | Redis | total | denied % | unavailable % | key interval s | ×direct checks/s | ×direct CPU/check | ×empty checks/s |\n")
+	b.WriteString("|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, r := range s.results {
+		q := RatiosOf(r, nil, s.Find(r.Case, r.API, Empty))
+		if r.Mode == Lease {
+			q = RatiosOf(r, s.Find(r.Case, r.API, Direct), s.Find(r.Case, r.API, Empty))
+		}
+		if r.Mode == Empty {
+			q = Ratios{}
+		}
+		dash := func(v float64, format string) string {
+			if r.Mode == Empty {
+				return "—"
+			}
+			return fmt.Sprintf(format, v)
+		}
+		ratio := func(v float64) string {
+			if v == 0 {
+				return ""
+			}
+			return fmt.Sprintf("%.2f", v)
+		}
+		interval := ""
+		if iv := r.KeyInterval(); iv > 0 {
+			interval = fmt.Sprintf("%.1f", iv.Seconds())
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %.0f | %.0f | %s | %s | %s | %.1f | %s | %s | %.1f | %.1f | %.1f | %s | %s | %s | %s |\n",
+			r.Case, r.API, r.Mode, r.Rate(), micros(r.Latency.Quantile(0.5)), micros(r.Latency.Quantile(0.99)),
+			dash(r.PerCheck(r.Scripts), "%.4f"), dash(r.PerCheck(r.RedisCmds), "%.3f"), dash(r.PerCheck(r.StoreOps), "%.4f"),
+			r.CPUPerCheck(ProcAgent), dash(r.CPUPerCheck(ProcCoordinator), "%.1f"), dash(r.CPUPerCheck(ProcRedis), "%.1f"),
+			r.TotalCPUPerCheck(), r.Percent(Denied), r.Percent(Unavailable), interval, ratio(q.DirectRate), ratio(q.DirectCPU), ratio(q.EmptyRate))
+	}
+	_, _ = io.WriteString(w, b.String())
+}

@@ -1,0 +1,194 @@
+package stackbench
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/leasebucket/leasebucket/internal/testkit/proctest"
+	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
+)
+
+// Binaries are the programs the benchmark runs: cmd/agent, cmd/coordinator and the empty
+// handler (emptyagent), built by proctest.Binaries.
+type Binaries struct {
+	Agent, Coordinator, Empty string
+}
+
+// Target is what a load runs against: a Stack or an EmptyServer.
+type Target interface {
+	// Socket is the Unix socket the checks go to.
+	Socket() string
+	// Sample reads the target's counters. With procsFirst the processes' CPU times are read
+	// before Redis and the metrics endpoints (the end of a phase), else after them (its start):
+	// the probes' own work falls outside the CPU window.
+	Sample(ctx context.Context, procsFirst bool) (Sample, error)
+}
+
+// Proc indexes the processes whose CPU a Sample holds.
+type Proc int
+
+// Processes.
+const (
+	ProcAgent       Proc = iota // cmd/agent, or the empty handler
+	ProcCoordinator             // cmd/coordinator
+	ProcRedis                   // redis-server
+	ProcClient                  // this process: the load generator
+	numProcs
+)
+
+// Sample is a reading of a target's counters.
+type Sample struct {
+	CPU      [numProcs]time.Duration // utime+stime so far; zero for a process the target lacks
+	Redis    RedisStats
+	StoreOps float64 // items of the coordinator's calls: each is one store operation
+	// Mallocs and Bytes are this process's heap allocations so far (runtime.MemStats).
+	Mallocs, Bytes uint64
+}
+
+// Stack is one redis-server (its own, on a free port), one coordinator on it and one agent on
+// that coordinator, all separate processes, with one policy file.
+type Stack struct {
+	dir          string
+	socket       string
+	probe        *RedisProbe
+	pids         [numProcs]int
+	coordMetrics string // host:port of the coordinator's /metrics
+	agentMetrics string // host:port of the agent's /metrics
+	agent, coord *proctest.Process
+}
+
+// StartStack starts a stack with the policy file policy. Everything is stopped when t ends.
+func StartStack(t testing.TB, bin Binaries, policy []byte) *Stack {
+	t.Helper()
+	s := &Stack{dir: socketDir(t)}
+	polFile := filepath.Join(s.dir, "policy.yaml")
+	if err := os.WriteFile(polFile, policy, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := redistest.Start(t)
+	probe, redisPid, err := NewRedisProbe(context.Background(), srv.Options())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = probe.Close() })
+	s.probe = probe
+	s.pids[ProcRedis] = redisPid
+
+	listen := proctest.FreeAddr(t)
+	s.coordMetrics = proctest.FreeAddr(t)
+	s.coord = proctest.Start(t, bin.Coordinator, "--listen", listen, "--metrics-listen", s.coordMetrics,
+		"--policy", polFile, "--redis-addrs", srv.Addr())
+	proctest.WaitTCP(t, listen)
+	proctest.WaitTCP(t, s.coordMetrics)
+	s.pids[ProcCoordinator] = s.coord.Pid()
+
+	s.socket = filepath.Join(s.dir, "agent.sock")
+	s.agentMetrics = proctest.FreeAddr(t)
+	s.agent = proctest.Start(t, bin.Agent, "--socket", s.socket, "--coordinators", listen,
+		"--policy", polFile, "--metrics-listen", s.agentMetrics)
+	s.agent.LogField(t, "agent serving", "policy_version")
+	s.pids[ProcAgent] = s.agent.Pid()
+	return s
+}
+
+// Socket is the agent's Unix socket.
+func (s *Stack) Socket() string { return s.socket }
+
+// AgentMetric is the sum of the agent's metric name over the samples labelled with match.
+func (s *Stack) AgentMetric(ctx context.Context, name string, match ...string) (float64, error) {
+	return ScrapeSum(ctx, s.agentMetrics, name, match...)
+}
+
+// CoordinatorMetric is the sum of the coordinator's metric name over the samples labelled with
+// match.
+func (s *Stack) CoordinatorMetric(ctx context.Context, name string, match ...string) (float64, error) {
+	return ScrapeSum(ctx, s.coordMetrics, name, match...)
+}
+
+// storeOpsMetric counts, by method and status, the items of the coordinator's calls: each item
+// the coordinator accepts is one store operation (one script run in Redis). Items it rejects
+// before the store (unknown route, malformed) are counted too; a benchmark sends none.
+const storeOpsMetric = "leasebucket_coordinator_items_total"
+
+// Sample reads the counters of the three processes and this one.
+func (s *Stack) Sample(ctx context.Context, procsFirst bool) (Sample, error) {
+	var out Sample
+	var errs [2]error
+	others := func() {
+		out.StoreOps, errs[0] = s.CoordinatorMetric(ctx, storeOpsMetric)
+		out.Redis, errs[1] = s.probe.Stats(ctx)
+	}
+	if !procsFirst {
+		others()
+	}
+	err := readProcs(&out, s.pids)
+	if procsFirst {
+		others()
+	}
+	return out, errors.Join(err, errs[0], errs[1])
+}
+
+// readProcs reads the CPU time of every process of pids (0: none, except ProcClient: this
+// process) and this process's allocations.
+func readProcs(out *Sample, pids [numProcs]int) error {
+	var errs []error
+	for p := range numProcs {
+		if pids[p] == 0 && p != ProcClient {
+			continue
+		}
+		cpu, err := ProcCPU(pids[p])
+		out.CPU[p] = cpu
+		errs = append(errs, err)
+	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	out.Mallocs, out.Bytes = ms.Mallocs, ms.TotalAlloc
+	return errors.Join(errs...)
+}
+
+// EmptyServer is the empty handler (emptyagent) on a Unix socket of its own.
+type EmptyServer struct {
+	socket string
+	pids   [numProcs]int
+}
+
+// StartEmpty starts the empty handler; it is stopped when t ends.
+func StartEmpty(t testing.TB, bin Binaries) *EmptyServer {
+	t.Helper()
+	e := &EmptyServer{socket: filepath.Join(socketDir(t), "empty.sock")}
+	p := proctest.Start(t, bin.Empty, "--socket", e.socket)
+	p.LogField(t, "serving", "socket")
+	e.pids[ProcAgent] = p.Pid()
+	return e
+}
+
+// Socket is the empty handler's Unix socket.
+func (e *EmptyServer) Socket() string { return e.socket }
+
+// Sample reads the empty handler's CPU time (as ProcAgent) and this process's.
+func (e *EmptyServer) Sample(context.Context, bool) (Sample, error) {
+	var out Sample
+	err := readProcs(&out, e.pids)
+	return out, err
+}
+
+// socketDir is a new directory with a short path (a Unix socket's path has at most 108 bytes),
+// removed when t ends.
+func socketDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "lbsb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+// Settle is how long the benchmark lets a stack rest after its warm pass, for the leases the pass
+// took to expire and be returned: four lease lifetimes of the benchmark's rules (250 ms).
+const Settle = time.Second
