@@ -1,7 +1,7 @@
 // Command lbcheck sends checks to a leasebucket agent and prints one line per decision: a way to
 // see the agent work, and to probe a node's agent by hand.
 //
-//	lbcheck [-socket PATH | -addr HOST:PORT] [-n N] [-every D] tenant=T route=PATH op=OP [cost=N]
+//	lbcheck [--agent-socket PATH | --agent-addr HOST:PORT] [--n N] [--every D] tenant=T route=PATH op=OP [cost=N]
 package main
 
 import (
@@ -31,7 +31,8 @@ Sends N checks to a leasebucket agent, one after the other, and prints one line 
 allow, deny (429) or unavailable (503), with Retry-After, the tokens left as the agent sees them,
 the rule's limit and the rule that decided. op is a class (read, write), a named operation or an
 HTTP method; cost 0 (the default) is the rule's cost. Exits 1 if a check fails (the agent is
-unreachable or rejects the check as malformed).
+unreachable or rejects the check as malformed). --agent-socket can also be set by the environment
+variable shown in parentheses, as for the agent and the gateway.
 
 Flags:
 `
@@ -42,10 +43,12 @@ func main() {
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := cli.NewFlags("lbcheck", usageHeader, getenv, stderr)
-	var socket string
-	fs.EnvString(&socket, "socket", "LEASEBUCKET_AGENT_SOCKET", agent.DefaultSocket, "the agent's Unix socket")
-	addr := fs.String("addr", "", "the agent's TCP address instead of the socket")
-	n := fs.Int("n", 1, "number of checks")
+	var socket, addr string
+	fs.EnvString(&socket, "agent-socket", "LEASEBUCKET_AGENT_SOCKET", agent.DefaultSocket, "the agent's Unix `socket`")
+	fs.Rename("socket", "agent-socket")
+	fs.StringVar(&addr, "agent-addr", "", "the agent's TCP `address` (its --listen) instead of the socket")
+	fs.Rename("addr", "agent-addr")
+	n := fs.Int("n", 1, "`number` of checks")
 	every := fs.Duration("every", 0, "pause between checks")
 	timeout := fs.Duration("timeout", time.Second, "deadline of each check")
 	if err := fs.Parse(args); err != nil {
@@ -54,13 +57,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		return err
 	}
+	cli.PrintDeprecated(stderr, "lbcheck", fs.Deprecated())
 	req, err := parseRequest(fs.Args())
 	if err != nil {
 		return err
 	}
 	target := "unix:" + socket // relative or absolute
-	if *addr != "" {
-		target = "passthrough:///" + *addr
+	if addr != "" {
+		target = "passthrough:///" + addr
 	}
 	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
