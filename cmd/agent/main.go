@@ -90,6 +90,16 @@ Flags:
 
 func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
 	var c config
+	f := newFlags(&c, getenv, stderr)
+	if err := f.Parse(args); err != nil {
+		return c, err
+	}
+	c.deprecated = f.Deprecated()
+	return c, c.check(f)
+}
+
+// newFlags defines the agent's flags, which set c.
+func newFlags(c *config, getenv func(string) string, stderr io.Writer) *cli.Flags {
 	f := cli.NewFlags("agent", usageHeader, getenv, stderr)
 	f.EnvString(&c.socket, "socket", "LEASEBUCKET_AGENT_SOCKET", agent.DefaultSocket,
 		"Unix socket to serve checks on (mode 0660; a stale socket is removed, a live one is never taken)")
@@ -135,30 +145,31 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (co
 	f.EnvString(&c.debugListen, "debug-listen", "LEASEBUCKET_AGENT_DEBUG_LISTEN", "",
 		"loopback address (127.0.0.1:7073) of the read-only debug endpoint: live leases and explain; default: off")
 	f.LogFlags(&c.log)
-	if err := f.Parse(args); err != nil {
-		return c, err
-	}
-	c.deprecated = f.Deprecated()
+	return f
+}
+
+// check rejects missing, contradictory and out-of-range settings once f parsed.
+func (c *config) check(f *cli.Flags) error {
 	switch {
 	case f.NArg() > 0:
-		return c, fmt.Errorf("unexpected arguments %q (see --help)", f.Args())
+		return fmt.Errorf("unexpected arguments %q (see --help)", f.Args())
 	case c.coordinators == "":
-		return c, errors.New("--coordinators is required (see --help)")
+		return errors.New("--coordinators is required (see --help)")
 	case c.policyFile == "":
-		return c, errors.New("--policy is required (see --help)")
+		return errors.New("--policy is required (see --help)")
 	case c.maxWait <= 0 || c.callTimeout <= 0 || c.shutdownTimeout <= 0:
-		return c, errors.New("--max-wait, --call-timeout and --shutdown-timeout must be positive")
+		return errors.New("--max-wait, --call-timeout and --shutdown-timeout must be positive")
 	case c.maxKeys <= 0:
-		return c, errors.New("--max-keys must be positive")
+		return errors.New("--max-keys must be positive")
 	case c.idempotencyWindow < 0 || (c.idempotencyWindow > 0 && c.idempotencyWindow < max(time.Second, 2*c.maxWait)):
 		// A repeat must find the first check's record while that check is still being decided.
-		return c, errors.New("--idempotency-window must be 0 (off) or at least 1s and twice --max-wait")
+		return errors.New("--idempotency-window must be 0 (off) or at least 1s and twice --max-wait")
 	case c.idempotencyKeys <= 0 || c.auditQueue <= 0:
-		return c, errors.New("--idempotency-keys and --audit-queue must be positive")
+		return errors.New("--idempotency-keys and --audit-queue must be positive")
 	case !(c.auditSampleAllow >= 0 && c.auditSampleAllow <= 1):
-		return c, errors.New("--audit-sample-allow must be between 0 and 1")
+		return errors.New("--audit-sample-allow must be between 0 and 1")
 	}
-	return c, nil
+	return nil
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
