@@ -8,6 +8,8 @@ GO ?= go
 # Tools are pinned and run through `go run`, so nothing needs installing.
 BUF := $(GO) run github.com/bufbuild/buf/cmd/buf@v1.75.0
 GOLANGCI_LINT := $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
+# promtool, unpacked by scripts/ensure-ops-tools.sh, for the checks of deploy/.
+export PATH := $(CURDIR)/out/tools/bin:$(PATH)
 
 .PHONY: help
 help: ## Show the targets.
@@ -17,8 +19,12 @@ help: ## Show the targets.
 redis: ## Check that redis-server is installed (installs it with apt-get when root).
 	@scripts/ensure-redis.sh
 
+.PHONY: ops-tools
+ops-tools: ## Check that promtool and systemd-analyze are at hand for the checks of deploy/ (unpacks promtool from Debian's prometheus package).
+	@scripts/ensure-ops-tools.sh
+
 .PHONY: test
-test: redis ## Format check, go vet and the whole suite under the race detector, on real Redis processes.
+test: redis ops-tools ## Format check, go vet and the whole suite under the race detector, on real Redis processes; deploy/ checked with promtool and systemd-analyze.
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
@@ -31,6 +37,14 @@ chaos: redis ## Chaos harness on real processes: every fault on a standalone Red
 .PHONY: soak
 soak: redis ## Soak: steady load and small faults for SOAK (default 30m); no process may grow; report in out/chaos/soak.
 	$(GO) test -count=1 -timeout $${SOAK_TIMEOUT:-2h} -v -run TestSoak ./internal/testkit/chaos -chaos.soak $${SOAK:-30m} -chaos.out $(CURDIR)/out/chaos
+
+.PHONY: build
+build: ## Static binaries in out/bin, named as deploy/ installs them (leasebucket-agent, leasebucket-coordinator, lbpolicy, lbcheck).
+	@mkdir -p out/bin
+	CGO_ENABLED=0 $(GO) build -trimpath -o out/bin/leasebucket-agent ./cmd/agent
+	CGO_ENABLED=0 $(GO) build -trimpath -o out/bin/leasebucket-coordinator ./cmd/coordinator
+	CGO_ENABLED=0 $(GO) build -trimpath -o out/bin/lbpolicy ./cmd/lbpolicy
+	CGO_ENABLED=0 $(GO) build -trimpath -o out/bin/lbcheck ./cmd/lbcheck
 
 .PHONY: run
 run: ## Run a local stack (coordinator on its in-memory store, agent, gateway on :8080, upstream) with examples/policy.yaml; Ctrl-C stops it.

@@ -245,3 +245,8 @@ type drainingStream struct {
 }
 
 func (d *drainingStream) Context() context.Context { return d.ctx }
+
+// HealthServer is the Server's grpc.health.v1 service, to serve on another listener as well: a
+// plaintext port for probes that cannot present a client certificate (a kubelet's grpc probe).
+// Its status is the Server's.
+func (s *Server) HealthServer() healthpb.HealthServer { return s.health }

@@ -16,7 +16,7 @@
 #
 # The gateway's demo tokens are in out/run/tokens. Try it from a second terminal:
 #   curl -i -H 'Authorization: Bearer demo-acme' http://127.0.0.1:8080/orders/7
-#   go run ./cmd/lbcheck -socket out/run/agent.sock -n 25 tenant=acme route=/orders/7 op=GET
+#   go run ./cmd/lbcheck --agent-socket out/run/agent.sock -n 25 tenant=acme route=/orders/7 op=GET
 #
 # The directory and the addresses can be moved with the environment (defaults shown), for a
 # second stack beside this one:
@@ -104,14 +104,14 @@ http_ok() (
 setsid "$dir/coordinator" --store memory --policy "$policy" \
   --listen "$coordinator_addr" --metrics-listen "$coordinator_metrics" &
 coordinator=$!
-await coordinator "$coordinator" "$dir/lbcheck" -health -addr "$coordinator_addr" \
-  -service leasebucket.coordinator.v1.CoordinatorService
+await coordinator "$coordinator" "$dir/lbcheck" --health --agent-addr "$coordinator_addr" \
+  --service leasebucket.coordinator.v1.CoordinatorService
 
 setsid "$dir/agent" --coordinators "$coordinator_addr" --policy "$policy" --region eu-west \
   --socket "$socket" --metrics-listen "$agent_metrics" --log-format console \
   --audit-log "$dir/audit.log" &
 agent=$!
-await agent "$agent" "$dir/lbcheck" -health -socket "$socket" -service leasebucket.agent.v1.AgentService
+await agent "$agent" "$dir/lbcheck" --health --agent-socket "$socket" --service leasebucket.agent.v1.AgentService
 
 setsid "$dir/upstream" --listen "$upstream_addr" &
 upstream=$!

@@ -34,7 +34,7 @@ func TestHelpEdges(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"envoy.service.ratelimit.v3.RateLimitService", "-idempotency-window", "LEASEBUCKET_AGENT_IDEMPOTENCY_WINDOW",
-		"(default 2m0s)", "-idempotency-keys", "-audit-log", `(default "stdout")`, "-audit-sample-allow", "(default 0.001)",
+		"default 2m0s)", "-idempotency-keys", "-audit-log", "default stdout)", "-audit-sample-allow", "default 0.001)",
 		"-audit-queue", "-debug-listen", "LEASEBUCKET_AGENT_DEBUG_LISTEN"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("--help does not mention %q", want)

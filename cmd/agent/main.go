@@ -43,6 +43,10 @@ func main() {
 	cli.Main("agent", func(ctx context.Context) error { return run(ctx, os.Args[1:], os.Getenv, os.Stderr) })
 }
 
+// newRegistry makes the registry run serves on /metrics. The tests that check the deployment
+// files' metric names against what the agent exports wrap it to see that registry.
+var newRegistry = prometheus.NewRegistry
+
 // config is the agent's configuration: flags, each with an environment variable as its default.
 type config struct {
 	socket          string
@@ -60,8 +64,10 @@ type config struct {
 	maxKeys         int
 	region          string
 	metricsListen   string
+	healthListen    string
 	shutdownTimeout time.Duration
 	log             cli.Logging
+	deprecated      []cli.Deprecation // old names used, logged at start
 
 	idempotencyWindow time.Duration
 	idempotencyKeys   int
@@ -76,7 +82,7 @@ const usageHeader = `Usage: agent [flags]
 The leasebucket agent answers rate-limit checks on a Unix socket (gRPC AgentService, Envoy's
 envoy.service.ratelimit.v3.RateLimitService and grpc.health.v1) from leases of the global buckets,
 refilled from the coordinators. Every flag can also be set by the environment variable shown in
-brackets; a flag on the command line wins. SIGINT or SIGTERM shuts it down gracefully: it stops
+parentheses; a flag on the command line wins. SIGINT or SIGTERM shuts it down gracefully: it stops
 taking checks and returns its leases.
 
 Flags:
@@ -84,6 +90,16 @@ Flags:
 
 func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
 	var c config
+	f := newFlags(&c, getenv, stderr)
+	if err := f.Parse(args); err != nil {
+		return c, err
+	}
+	c.deprecated = f.Deprecated()
+	return c, c.check(f)
+}
+
+// newFlags defines the agent's flags, which set c.
+func newFlags(c *config, getenv func(string) string, stderr io.Writer) *cli.Flags {
 	f := cli.NewFlags("agent", usageHeader, getenv, stderr)
 	f.EnvString(&c.socket, "socket", "LEASEBUCKET_AGENT_SOCKET", agent.DefaultSocket,
 		"Unix socket to serve checks on (mode 0660; a stale socket is removed, a live one is never taken)")
@@ -112,6 +128,8 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (co
 	f.EnvString(&c.region, "region", "LEASEBUCKET_REGION", "", "this node's region, for rules with regional scope")
 	f.EnvString(&c.metricsListen, "metrics-listen", "LEASEBUCKET_AGENT_METRICS_LISTEN", ":7072",
 		"HTTP address serving Prometheus /metrics; empty: off")
+	f.EnvString(&c.healthListen, "health-listen", "LEASEBUCKET_AGENT_HEALTH_LISTEN", "",
+		"TCP address serving grpc.health.v1 alone, plaintext, for probes that cannot use the socket (a kubelet's grpc probe); default: off")
 	f.EnvDuration(&c.shutdownTimeout, "shutdown-timeout", "LEASEBUCKET_AGENT_SHUTDOWN_TIMEOUT", 5*time.Second,
 		"bound on a graceful shutdown: checks in flight finish, then leases are returned")
 	f.EnvDuration(&c.idempotencyWindow, "idempotency-window", "LEASEBUCKET_AGENT_IDEMPOTENCY_WINDOW", agent.DefaultIdempotencyWindow,
@@ -127,29 +145,31 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (co
 	f.EnvString(&c.debugListen, "debug-listen", "LEASEBUCKET_AGENT_DEBUG_LISTEN", "",
 		"loopback address (127.0.0.1:7073) of the read-only debug endpoint: live leases and explain; default: off")
 	f.LogFlags(&c.log)
-	if err := f.Parse(args); err != nil {
-		return c, err
-	}
+	return f
+}
+
+// check rejects missing, contradictory and out-of-range settings once f parsed.
+func (c *config) check(f *cli.Flags) error {
 	switch {
 	case f.NArg() > 0:
-		return c, fmt.Errorf("unexpected arguments %q (see --help)", f.Args())
+		return fmt.Errorf("unexpected arguments %q (see --help)", f.Args())
 	case c.coordinators == "":
-		return c, errors.New("--coordinators is required (see --help)")
+		return errors.New("--coordinators is required (see --help)")
 	case c.policyFile == "":
-		return c, errors.New("--policy is required (see --help)")
+		return errors.New("--policy is required (see --help)")
 	case c.maxWait <= 0 || c.callTimeout <= 0 || c.shutdownTimeout <= 0:
-		return c, errors.New("--max-wait, --call-timeout and --shutdown-timeout must be positive")
+		return errors.New("--max-wait, --call-timeout and --shutdown-timeout must be positive")
 	case c.maxKeys <= 0:
-		return c, errors.New("--max-keys must be positive")
+		return errors.New("--max-keys must be positive")
 	case c.idempotencyWindow < 0 || (c.idempotencyWindow > 0 && c.idempotencyWindow < max(time.Second, 2*c.maxWait)):
 		// A repeat must find the first check's record while that check is still being decided.
-		return c, errors.New("--idempotency-window must be 0 (off) or at least 1s and twice --max-wait")
+		return errors.New("--idempotency-window must be 0 (off) or at least 1s and twice --max-wait")
 	case c.idempotencyKeys <= 0 || c.auditQueue <= 0:
-		return c, errors.New("--idempotency-keys and --audit-queue must be positive")
+		return errors.New("--idempotency-keys and --audit-queue must be positive")
 	case !(c.auditSampleAllow >= 0 && c.auditSampleAllow <= 1):
-		return c, errors.New("--audit-sample-allow must be between 0 and 1")
+		return errors.New("--audit-sample-allow must be between 0 and 1")
 	}
-	return c, nil
+	return nil
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
@@ -165,13 +185,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return err
 	}
 	defer func() { _ = log.Sync() }()
+	cli.WarnDeprecated(log, cfg.deprecated)
 	id, err := agentID()
 	if err != nil {
 		return err
 	}
 	log = log.With(zap.String("agent_id", id))
 
-	reg := prometheus.NewRegistry()
+	reg := newRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	// The Limiter follows the watcher: a reload that parses and validates replaces the policy
@@ -233,7 +254,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	defer closeAudit()
 
 	// Listen before starting anything: a socket in use (another agent) stops here.
-	listeners, mln, dln, err := listen(cfg)
+	listeners, mln, dln, hln, err := listen(cfg)
 	if err != nil {
 		return err
 	}
@@ -250,6 +271,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	// minutes and disconnects clients that ping more often).
 	g := grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
 	hs := srv.Register(g)
+	stopHealth := func() {}
+	if hln != nil {
+		stopHealth = cli.ServeHealth(hln, hs, log)
+	}
 
 	errc := make(chan error, len(listeners)+2)
 	for _, ln := range listeners {
@@ -300,6 +325,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	closeAudit() // every check is answered: write what is queued
 	stopRefresher(log, ref, cfg.shutdownTimeout/2)
+	stopHealth()
 	for _, hsrv := range []*http.Server{metricsSrv, debugSrv} {
 		if hsrv != nil {
 			sctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -317,12 +343,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	return serveErr
 }
 
-// listen opens the Unix socket, the optional TCP listener, the metrics listener and the debug
-// listener (nil when off); on an error it closes what it opened.
-func listen(cfg config) (checks []net.Listener, metrics, debug net.Listener, err error) {
+// listen opens the Unix socket, the optional TCP listener, the metrics listener, the debug
+// listener and the health listener (nil when off); on an error it closes what it opened.
+func listen(cfg config) (checks []net.Listener, metrics, debug, health net.Listener, err error) {
 	defer func() {
 		if err != nil {
-			for _, ln := range append(checks, metrics) {
+			for _, ln := range append(checks, metrics, debug) {
 				if ln != nil {
 					_ = ln.Close()
 				}
@@ -331,31 +357,36 @@ func listen(cfg config) (checks []net.Listener, metrics, debug net.Listener, err
 	}()
 	gid, err := lookupGroup(cfg.socketGroup)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	sock, err := agent.ListenUnix(cfg.socket, agent.SocketMode, gid)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	checks = append(checks, sock)
 	if cfg.listen != "" {
 		tcp, err := net.Listen("tcp", cfg.listen)
 		if err != nil {
-			return checks, nil, nil, fmt.Errorf("listen %s: %w", cfg.listen, err)
+			return checks, nil, nil, nil, fmt.Errorf("listen %s: %w", cfg.listen, err)
 		}
 		checks = append(checks, tcp)
 	}
 	if cfg.metricsListen != "" {
 		if metrics, err = net.Listen("tcp", cfg.metricsListen); err != nil {
-			return checks, nil, nil, fmt.Errorf("metrics listen %s: %w", cfg.metricsListen, err)
+			return checks, nil, nil, nil, fmt.Errorf("metrics listen %s: %w", cfg.metricsListen, err)
 		}
 	}
 	if cfg.debugListen != "" {
 		if debug, err = agent.ListenDebug(cfg.debugListen); err != nil {
-			return checks, metrics, nil, fmt.Errorf("--debug-listen: %w", err)
+			return checks, metrics, nil, nil, fmt.Errorf("--debug-listen: %w", err)
 		}
 	}
-	return checks, metrics, debug, nil
+	if cfg.healthListen != "" {
+		if health, err = net.Listen("tcp", cfg.healthListen); err != nil {
+			return checks, metrics, debug, nil, fmt.Errorf("--health-listen %s: %w", cfg.healthListen, err)
+		}
+	}
+	return checks, metrics, debug, health, nil
 }
 
 // startAudit opens the sink --audit-log names and starts the audit queue; the queue is nil

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/leasebucket/leasebucket/agent"
 	"github.com/leasebucket/leasebucket/coordinator"
@@ -45,9 +46,14 @@ func TestHelp(t *testing.T) {
 	if err := run(context.Background(), []string{"--help"}, noEnv, &out); err != nil {
 		t.Fatalf("--help: %v", err)
 	}
-	for _, want := range []string{"-socket", "LEASEBUCKET_AGENT_SOCKET", "/run/leasebucket/agent.sock", "-coordinators",
-		"-policy", "-max-wait", "(default 50ms)", "-max-keys", "-region", "-metrics-listen", "-tls-ca", "-tls-cert",
-		"-tls-key", "-listen", "-shutdown-timeout"} {
+	if !strings.HasPrefix(out.String(), "Usage: agent [flags]\n") {
+		t.Errorf("--help does not start with the usage line:\n%s", out.String())
+	}
+	for _, want := range []string{"\n  --socket string  (LEASEBUCKET_AGENT_SOCKET, default /run/leasebucket/agent.sock)\n",
+		"--coordinators", "--policy", "--max-wait duration  (LEASEBUCKET_AGENT_MAX_WAIT, default 50ms)", "--max-keys", "--region",
+		"--metrics-listen", "--health-listen", "LEASEBUCKET_AGENT_HEALTH_LISTEN", "--tls-ca", "--tls-cert", "--tls-key",
+		"--listen", "--shutdown-timeout", "--policy-interval duration  (LEASEBUCKET_POLICY_INTERVAL, default 2s)",
+		"--log-level", "--log-format"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("--help does not mention %q", want)
 		}
@@ -106,6 +112,7 @@ func TestRunServesAndShutsDown(t *testing.T) {
 		"LEASEBUCKET_COORDINATORS":         cln.Addr().String(),
 		"LEASEBUCKET_POLICY":               policyFile,
 		"LEASEBUCKET_AGENT_METRICS_LISTEN": "127.0.0.1:0",
+		"LEASEBUCKET_AGENT_HEALTH_LISTEN":  "127.0.0.1:0",
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -123,6 +130,27 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	second := run(context.Background(), nil, func(k string) string { return env[k] }, &bytes.Buffer{})
 	if !errors.Is(second, agent.ErrSocketInUse) {
 		t.Fatalf("a second agent on the socket: %v, want ErrSocketInUse", second)
+	}
+	// The health port answers what the socket's health service says.
+	var healthAddr string
+	proctest.WaitFor(t, 10*time.Second, "the health port", func() bool {
+		for _, r := range logs.Records() {
+			if r["msg"] == "health serving" {
+				healthAddr, _ = r["addr"].(string)
+			}
+		}
+		return healthAddr != ""
+	})
+	hconn, err := grpc.NewClient(healthAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hctx, hcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	hresp, err := healthpb.NewHealthClient(hconn).Check(hctx, &healthpb.HealthCheckRequest{Service: agentv1.AgentService_ServiceDesc.ServiceName})
+	hcancel()
+	hconn.Close()
+	if err != nil || hresp.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health on --health-listen %q: %v, %v; want SERVING", healthAddr, hresp, err)
 	}
 	conn, err := grpc.NewClient("unix:"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -153,6 +181,10 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	}
 	if fileExists(socket) {
 		t.Fatal("socket left behind")
+	}
+	if c, err := net.DialTimeout("tcp", healthAddr, time.Second); err == nil {
+		c.Close()
+		t.Fatal("the health port is still open after run returned")
 	}
 	if !strings.Contains(logs.String(), "leases returned") {
 		t.Fatalf("no \"leases returned\" in the log:\n%s", logs.String())

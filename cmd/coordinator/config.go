@@ -2,22 +2,22 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"strings"
 	"time"
 
-	"go.uber.org/zap/zapcore"
-
 	"github.com/leasebucket/leasebucket/coordinator"
+	"github.com/leasebucket/leasebucket/internal/cli"
 	"github.com/leasebucket/leasebucket/policy"
 )
 
-// envPrefix + the flag's name in upper case with '-' as '_' is the environment variable that
-// sets a flag (LEASEBUCKET_REDIS_ADDRS for --redis-addrs). A flag on the command line wins.
-const envPrefix = "LEASEBUCKET_"
+// oldEnvPrefix + the flag's name in upper case with '-' as '_' was the environment variable of a
+// flag of the coordinator's own (LEASEBUCKET_LISTEN for --listen) until they took the command's
+// name (LEASEBUCKET_COORDINATOR_LISTEN), as the agent's and the gateway's have; the old names are
+// accepted, with a warning, for one release.
+const oldEnvPrefix = "LEASEBUCKET_"
 
 // Secrets come from the environment or a file, never from a flag: command lines are visible to
 // every user of the host.
@@ -40,10 +40,11 @@ const (
 
 // config is everything the command line and the environment say.
 type config struct {
-	listen        string
-	metricsListen string
-	policyFile    string
-	policyPoll    time.Duration
+	listen         string
+	metricsListen  string
+	healthListen   string
+	policyFile     string
+	policyInterval time.Duration
 
 	store           string
 	storeTimeout    time.Duration
@@ -54,7 +55,8 @@ type config struct {
 
 	redis redisConfig
 
-	logLevel zapcore.Level
+	log        cli.Logging
+	deprecated []cli.Deprecation // old names used, logged at start
 }
 
 // redisConfig is how to reach Redis.
@@ -74,125 +76,105 @@ type redisConfig struct {
 	poolSize             int
 }
 
-const usageHeader = `coordinator: the leasebucket lease service in front of Redis.
+const usageHeader = `Usage: coordinator --policy FILE [flags]
 
-It grants agents leases on global token buckets: each Acquire debits the buckets of a batch of
-keys atomically in Redis (one pipelined round trip per node) and each Return credits unspent
-tokens back. It holds no bucket state itself, so any number of replicas serve the same keys.
-
-Usage:
-  coordinator --policy FILE [flags]
+The leasebucket lease service in front of Redis. It grants agents leases on global token buckets:
+each Acquire debits the buckets of a batch of keys atomically in Redis (one pipelined round trip
+per node) and each Return credits unspent tokens back. It holds no bucket state itself, so any
+number of replicas serve the same keys.
 
 Store: --redis-addrs selects Redis (one address: standalone; several: Cluster seeds; with
 --redis-master-name: the Sentinels of that master). Without it the buckets live in this
 process's memory (--store=memory), which is right for a single coordinator only.
 
-Every flag can also be set by the environment variable shown beside it; a flag on the command
-line wins. Secrets are read from the environment or a file only:
+Every flag can also be set by the environment variable shown in parentheses; a flag on the
+command line wins. Secrets are read from the environment or a file only:
   ` + envRedisPassword + `            password of the Redis user (or --redis-password-file)
   ` + envRedisSentinelPassword + `   password of the Sentinels (or --redis-sentinel-password-file)
 
-Health: the gRPC health service (grpc.health.v1, for "" and "` + "%s" + `")
-is SERVING only while the store answers a probe every --health-interval.
+Health: the gRPC health service (grpc.health.v1, for "" and "%s")
+is SERVING only while the store answers a probe every --health-interval; --health-listen serves
+it alone in plaintext too, for probes without a client certificate.
 Shutdown: on SIGINT or SIGTERM the coordinator reports NOT_SERVING, refuses new calls, finishes
 the calls in flight and exits; calls still running after --shutdown-timeout are cancelled.
 
 Flags:
 `
 
-// flags is the FlagSet and where its values land.
+// flags is the command's flag set and where its values land.
 type flags struct {
-	fs                *flag.FlagSet
+	*cli.Flags
 	cfg               config
 	redisAddrs        string
 	redisPassFile     string
 	redisSentPassFile string
-	logLevel          string
 }
 
-func newFlags(stderr io.Writer) *flags {
-	f := &flags{fs: flag.NewFlagSet("coordinator", flag.ContinueOnError)}
-	fs, c := f.fs, &f.cfg
-	fs.SetOutput(stderr)
-	fs.StringVar(&c.listen, "listen", ":7070", "gRPC listen `address` of the CoordinatorService and the health service")
-	fs.StringVar(&c.metricsListen, "metrics-listen", ":7071", "HTTP listen `address` of Prometheus /metrics; empty disables it")
-	fs.StringVar(&c.policyFile, "policy", "", "policy `file` (YAML; required), reloaded when it changes")
-	fs.DurationVar(&c.policyPoll, "policy-poll", policy.DefaultPollInterval, "how often the policy file is checked for changes")
-	fs.StringVar(&c.store, "store", "", "bucket store `kind`: redis or memory (default: redis when --redis-addrs is set, else memory)")
-	fs.DurationVar(&c.storeTimeout, "store-timeout", defaultStoreTimeout, "bound on one store batch; a batch not answered in time fails with STORE_UNAVAILABLE (keep it below the agents' call timeout)")
-	fs.DurationVar(&c.healthInterval, "health-interval", coordinator.DefaultProbeInterval, "how often the store is probed for the health status")
-	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", coordinator.DefaultShutdownTimeout, "bound on the graceful shutdown")
-	fs.StringVar(&c.tlsCert, "tls-cert", "", "server certificate `file` (PEM); serves TLS when set")
-	fs.StringVar(&c.tlsKey, "tls-key", "", "server private key `file` (PEM)")
-	fs.StringVar(&c.tlsClientCA, "tls-client-ca", "", "CA `file` (PEM) of agents' client certificates: requires mutual TLS")
-	fs.StringVar(&f.redisAddrs, "redis-addrs", "", "comma-separated Redis `addresses` (host:port): one for standalone, several for Cluster, the Sentinels with --redis-master-name")
-	fs.BoolVar(&c.redis.cluster, "redis-cluster", false, "treat a single --redis-addrs address as a Redis Cluster seed")
-	fs.StringVar(&c.redis.masterName, "redis-master-name", "", "Sentinel master `name`: --redis-addrs are then the Sentinels")
-	fs.StringVar(&c.redis.user, "redis-user", "", "Redis ACL `user` (default: the default user)")
-	fs.StringVar(&f.redisPassFile, "redis-password-file", "", "`file` holding the Redis password (instead of "+envRedisPassword+")")
-	fs.StringVar(&c.redis.sentinelUser, "redis-sentinel-user", "", "ACL `user` of the Sentinels")
-	fs.StringVar(&f.redisSentPassFile, "redis-sentinel-password-file", "", "`file` holding the Sentinels' password (instead of "+envRedisSentinelPassword+")")
-	fs.IntVar(&c.redis.db, "redis-db", 0, "Redis database `number` (standalone and Sentinel only)")
-	fs.BoolVar(&c.redis.tls, "redis-tls", false, "connect to Redis (and the Sentinels) over TLS; implied by the other --redis-tls-* flags")
-	fs.StringVar(&c.redis.tlsCA, "redis-tls-ca", "", "CA `file` (PEM) to verify Redis' certificate (default: the system's roots)")
-	fs.StringVar(&c.redis.tlsCert, "redis-tls-cert", "", "client certificate `file` (PEM) for Redis servers that require one")
-	fs.StringVar(&c.redis.tlsKey, "redis-tls-key", "", "client private key `file` (PEM)")
-	fs.StringVar(&c.redis.tlsServerName, "redis-tls-server-name", "", "`name` expected in Redis' certificate (default: the host of each address)")
-	fs.DurationVar(&c.redis.dialTimeout, "redis-dial-timeout", time.Second, "bound on connecting to a Redis node")
-	fs.DurationVar(&c.redis.timeout, "redis-timeout", time.Second, "bound on one Redis read or write (the batch's --store-timeout applies too)")
-	fs.IntVar(&c.redis.poolSize, "redis-pool-size", 0, "connections per Redis node (default: go-redis', 10 per CPU)")
-	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn or error (JSON lines on stderr)")
-	fs.Usage = func() { f.usage(stderr) }
+// own is the environment variable of a flag of the coordinator's own, whose old name (without
+// the command's name) is still accepted.
+func (f *flags) own(name string) string {
+	env := envName("COORDINATOR_", name)
+	f.RenameEnv(envName("", name), env)
+	return env
+}
+
+// envName is LEASEBUCKET_ + infix + the flag's name in upper case with '-' as '_'.
+func envName(infix, flagName string) string {
+	return oldEnvPrefix + infix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+func newFlags(getenv func(string) string, stderr io.Writer) *flags {
+	f := &flags{Flags: cli.NewFlags("coordinator", fmt.Sprintf(usageHeader, coordinator.HealthService), getenv, stderr)}
+	c := &f.cfg
+	f.EnvString(&c.listen, "listen", f.own("listen"), ":7070", "gRPC listen `address` of the CoordinatorService and the health service")
+	f.EnvString(&c.metricsListen, "metrics-listen", f.own("metrics-listen"), ":7071", "HTTP listen `address` of Prometheus /metrics; empty disables it")
+	f.EnvString(&c.healthListen, "health-listen", envName("COORDINATOR_", "health-listen"), "", // new: no old name
+		"`address` serving grpc.health.v1 alone, plaintext, for probes without a client certificate (a kubelet's grpc probe); default: off")
+	f.EnvString(&c.policyFile, "policy", "LEASEBUCKET_POLICY", "", "policy `file` (YAML; required), reloaded when it changes")
+	f.RenameEnv("LEASEBUCKET_POLICY_POLL", "LEASEBUCKET_POLICY_INTERVAL")
+	f.EnvDuration(&c.policyInterval, "policy-interval", "LEASEBUCKET_POLICY_INTERVAL", policy.DefaultPollInterval, "how often the policy file is checked for changes")
+	f.Rename("policy-poll", "policy-interval")
+	f.EnvString(&c.store, "store", f.own("store"), "", "bucket store `kind`: redis or memory (default: redis when --redis-addrs is set, else memory)")
+	f.EnvDuration(&c.storeTimeout, "store-timeout", f.own("store-timeout"), defaultStoreTimeout,
+		"bound on one store batch; a batch not answered in time fails with STORE_UNAVAILABLE (keep it below the agents' call timeout)")
+	f.EnvDuration(&c.healthInterval, "health-interval", f.own("health-interval"), coordinator.DefaultProbeInterval, "how often the store is probed for the health status")
+	f.EnvDuration(&c.shutdownTimeout, "shutdown-timeout", f.own("shutdown-timeout"), coordinator.DefaultShutdownTimeout, "bound on the graceful shutdown")
+	f.EnvString(&c.tlsCert, "tls-cert", f.own("tls-cert"), "", "server certificate `file` (PEM); serves TLS when set")
+	f.EnvString(&c.tlsKey, "tls-key", f.own("tls-key"), "", "server private key `file` (PEM)")
+	f.EnvString(&c.tlsClientCA, "tls-client-ca", f.own("tls-client-ca"), "", "CA `file` (PEM) of agents' client certificates: requires mutual TLS")
+	redis := func(name string) string { return envName("", name) } // only the coordinator talks to Redis
+	f.EnvString(&f.redisAddrs, "redis-addrs", redis("redis-addrs"), "", "comma-separated Redis `addresses` (host:port): one for standalone, several for Cluster, the Sentinels with --redis-master-name")
+	f.EnvBool(&c.redis.cluster, "redis-cluster", redis("redis-cluster"), false, "treat a single --redis-addrs address as a Redis Cluster seed")
+	f.EnvString(&c.redis.masterName, "redis-master-name", redis("redis-master-name"), "", "Sentinel master `name`: --redis-addrs are then the Sentinels")
+	f.EnvString(&c.redis.user, "redis-user", redis("redis-user"), "", "Redis ACL `user` (default: the default user)")
+	f.EnvString(&f.redisPassFile, "redis-password-file", redis("redis-password-file"), "", "`file` holding the Redis password (instead of "+envRedisPassword+")")
+	f.EnvString(&c.redis.sentinelUser, "redis-sentinel-user", redis("redis-sentinel-user"), "", "ACL `user` of the Sentinels")
+	f.EnvString(&f.redisSentPassFile, "redis-sentinel-password-file", redis("redis-sentinel-password-file"), "", "`file` holding the Sentinels' password (instead of "+envRedisSentinelPassword+")")
+	f.EnvInt(&c.redis.db, "redis-db", redis("redis-db"), 0, "Redis database `number` (standalone and Sentinel only)")
+	f.EnvBool(&c.redis.tls, "redis-tls", redis("redis-tls"), false, "connect to Redis (and the Sentinels) over TLS; implied by the other --redis-tls-* flags")
+	f.EnvString(&c.redis.tlsCA, "redis-tls-ca", redis("redis-tls-ca"), "", "CA `file` (PEM) to verify Redis' certificate (default: the system's roots)")
+	f.EnvString(&c.redis.tlsCert, "redis-tls-cert", redis("redis-tls-cert"), "", "client certificate `file` (PEM) for Redis servers that require one")
+	f.EnvString(&c.redis.tlsKey, "redis-tls-key", redis("redis-tls-key"), "", "client private key `file` (PEM)")
+	f.EnvString(&c.redis.tlsServerName, "redis-tls-server-name", redis("redis-tls-server-name"), "", "`name` expected in Redis' certificate (default: the host of each address)")
+	f.EnvDuration(&c.redis.dialTimeout, "redis-dial-timeout", redis("redis-dial-timeout"), time.Second, "bound on connecting to a Redis node")
+	f.EnvDuration(&c.redis.timeout, "redis-timeout", redis("redis-timeout"), time.Second, "bound on one Redis read or write (the batch's --store-timeout applies too)")
+	f.EnvInt(&c.redis.poolSize, "redis-pool-size", redis("redis-pool-size"), 0, "connections per Redis node (default: go-redis', 10 per CPU)")
+	f.LogFlags(&c.log)
 	return f
-}
-
-// envName is the environment variable of a flag.
-func envName(flagName string) string {
-	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
-}
-
-// usage prints the header and every flag with its environment variable and default.
-func (f *flags) usage(w io.Writer) {
-	fmt.Fprintf(w, usageHeader, coordinator.HealthService)
-	f.fs.VisitAll(func(fl *flag.Flag) {
-		name, help := flag.UnquoteUsage(fl)
-		line := "  --" + fl.Name
-		if name != "" {
-			line += " " + name
-		}
-		def := ""
-		if fl.DefValue != "" && fl.DefValue != "false" && fl.DefValue != "0" {
-			def = fmt.Sprintf(", default %s", fl.DefValue)
-		}
-		fmt.Fprintf(w, "%s  (%s%s)\n      %s\n", line, envName(fl.Name), def, help)
-	})
 }
 
 // parseConfig reads the environment, then the command line, and checks the result. It returns
 // flag.ErrHelp when help was asked for (after printing it).
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
-	f := newFlags(stderr)
-	var envErr error
-	f.fs.VisitAll(func(fl *flag.Flag) {
-		if v := getenv(envName(fl.Name)); v != "" && envErr == nil {
-			if err := f.fs.Set(fl.Name, v); err != nil {
-				envErr = fmt.Errorf("%s=%q: %w", envName(fl.Name), v, err)
-			}
-		}
-	})
-	if envErr != nil {
-		return nil, envErr
-	}
-	if err := f.fs.Parse(args); err != nil {
+	f := newFlags(getenv, stderr)
+	if err := f.Parse(args); err != nil {
 		return nil, err
 	}
-	if f.fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments %q (see --help)", f.fs.Args())
+	if f.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q (see --help)", f.Args())
 	}
 	c := &f.cfg
-	if err := c.logLevel.UnmarshalText([]byte(f.logLevel)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
+	c.deprecated = f.Deprecated()
 	for a := range strings.SplitSeq(f.redisAddrs, ",") {
 		if a = strings.TrimSpace(a); a != "" {
 			c.redis.addrs = append(c.redis.addrs, a)
@@ -223,7 +205,7 @@ func (c *config) check() error {
 		r.sentinelUser != "" || r.sentinelPassword != "" || r.db != 0 || r.tls
 	switch {
 	case c.policyFile == "":
-		return errors.New("--policy is required (or " + envName("policy") + ")")
+		return errors.New("--policy is required (or LEASEBUCKET_POLICY)")
 	case c.store != storeMemory && c.store != storeRedis:
 		return fmt.Errorf("--store=%q: want redis or memory", c.store)
 	case c.store == storeMemory && redisSet:
@@ -248,7 +230,7 @@ func (c *config) check() error {
 		return errors.New("--listen must not be empty")
 	}
 	for name, d := range map[string]time.Duration{
-		"--policy-poll": c.policyPoll, "--store-timeout": c.storeTimeout, "--health-interval": c.healthInterval,
+		"--policy-interval": c.policyInterval, "--store-timeout": c.storeTimeout, "--health-interval": c.healthInterval,
 		"--shutdown-timeout": c.shutdownTimeout, "--redis-dial-timeout": r.dialTimeout, "--redis-timeout": r.timeout,
 	} {
 		if d <= 0 {

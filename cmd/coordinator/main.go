@@ -36,6 +36,10 @@ func main() {
 	cli.Main("coordinator", func(ctx context.Context) error { return run(ctx, os.Args[1:], os.Getenv, os.Stderr) })
 }
 
+// newRegistry makes the registry run serves on /metrics. The tests that check the deployment
+// files' metric names against what the coordinator exports wrap it to see that registry.
+var newRegistry = prometheus.NewRegistry
+
 const (
 	// sweepInterval is how often the memory store drops expired keys: memory stays bounded by
 	// the keys used within their time to fill plus coordinator.ExpiryMargin (two minutes), and a
@@ -60,10 +64,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
-	log := newLogger(stderr, cfg.logLevel)
+	log, err := newLogger(stderr, cfg.log)
+	if err != nil {
+		return err
+	}
 	defer func() { _ = log.Sync() }()
+	cli.WarnDeprecated(log, cfg.deprecated)
 
-	reg := prometheus.NewRegistry()
+	reg := newRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics, err := coordinator.NewMetrics(reg)
 	if err != nil {
@@ -72,7 +80,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 
 	var svc *coordinator.Service // set before the watcher starts
 	watcher, err := policy.NewWatcher(cfg.policyFile, policy.WatchOptions{
-		Interval: cfg.policyPoll, Logger: log, Registerer: reg,
+		Interval: cfg.policyInterval, Logger: log, Registerer: reg,
 		OnChange: func(_, set *policy.Set) { svc.SetPolicy(set) },
 	})
 	if err != nil {
@@ -109,23 +117,30 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		}
 		defer stopMetrics()
 	}
+	var healthLis net.Listener
+	if cfg.healthListen != "" {
+		if healthLis, err = net.Listen("tcp", cfg.healthListen); err != nil {
+			return fmt.Errorf("--health-listen: %w", err)
+		}
+	}
 
 	srv := coordinator.NewServer(svc, coordinator.ServerOptions{
 		TLS: serverTLS, Logger: log, Metrics: metrics, Probe: probe,
 		ProbeInterval: cfg.healthInterval, ProbeTimeout: cfg.storeTimeout,
 		ShutdownTimeout: cfg.shutdownTimeout,
 	})
+	if healthLis != nil {
+		defer cli.ServeHealth(healthLis, srv.HealthServer(), log)()
+	}
 	return srv.Serve(ctx, lis)
 }
 
-// newLogger writes JSON lines at level or above to w, sampled so that an outage logging every
-// failed batch does not flood it (per message and second: the first 100, then every 100th).
-func newLogger(w io.Writer, level zapcore.Level) *zap.Logger {
-	enc := zap.NewProductionEncoderConfig()
-	enc.EncodeTime = zapcore.ISO8601TimeEncoder
-	core := zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.Lock(zapcore.AddSync(w)), level)
-	core = zapcore.NewSamplerWithOptions(core, time.Second, 100, 100)
-	return zap.New(core, zap.AddCaller())
+// newLogger writes to w as --log-level and --log-format say, sampled so that an outage logging
+// every failed batch does not flood it (per message and second: the first 100, then every 100th).
+func newLogger(w io.Writer, l cli.Logging) (*zap.Logger, error) {
+	return l.NewLogger(w, zap.AddCaller(), zap.WrapCore(func(core zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(core, time.Second, 100, 100)
+	}))
 }
 
 // openStore opens the configured store. probe is nil for the memory store (it always answers);

@@ -200,15 +200,26 @@ func TestHelp(t *testing.T) {
 			t.Fatalf("run %s: %v", arg, err)
 		}
 		help := out.String()
-		newFlags(io.Discard).fs.VisitAll(func(f *flag.Flag) {
-			if !strings.Contains(help, "--"+f.Name+" ") && !strings.Contains(help, "--"+f.Name+"  ") {
+		if !strings.HasPrefix(help, "Usage: coordinator ") {
+			t.Errorf("%s does not start with the usage line:\n%s", arg, help)
+		}
+		flags := newFlags(func(string) string { return "" }, io.Discard)
+		flags.VisitAll(func(f *flag.Flag) {
+			if f.Name == "policy-poll" {
+				if !strings.Contains(help, "\n  --policy-poll ") || !strings.Contains(help, "use --policy-interval\n") {
+					t.Errorf("%s does not list --policy-poll among the deprecated names", arg)
+				}
+				return
+			}
+			if !strings.Contains(help, "\n  --"+f.Name+" ") {
 				t.Errorf("%s does not list --%s", arg, f.Name)
 			}
-			if !strings.Contains(help, envName(f.Name)) {
-				t.Errorf("%s does not name %s", arg, envName(f.Name))
+			if env := flags.Env(f.Name); env == "" || !strings.Contains(help, "("+env) {
+				t.Errorf("%s does not name the variable of --%s (%q)", arg, f.Name, env)
 			}
 		})
-		for _, s := range []string{envRedisPassword, envRedisSentinelPassword, coordinator.HealthService} {
+		for _, s := range []string{envRedisPassword, envRedisSentinelPassword, coordinator.HealthService,
+			"LEASEBUCKET_COORDINATOR_LISTEN, default :7070", "LEASEBUCKET_REDIS_ADDRS", "--log-format", "LEASEBUCKET_LISTEN  "} {
 			if !strings.Contains(help, s) {
 				t.Errorf("%s does not mention %s", arg, s)
 			}
@@ -242,8 +253,8 @@ func TestConfig(t *testing.T) {
 				return c.store == storeRedis && len(c.redis.addrs) == 2 && c.redis.addrs[1] == "b:2"
 			}},
 		{name: "env sets, flags win", args: []string{"--listen", "127.0.0.1:9"},
-			env: map[string]string{"LEASEBUCKET_POLICY": "p", "LEASEBUCKET_LISTEN": ":1", "LEASEBUCKET_REDIS_ADDRS": "r:6379",
-				"LEASEBUCKET_REDIS_USER": "coord", envRedisPassword: "pw", "LEASEBUCKET_STORE_TIMEOUT": "250ms"},
+			env: map[string]string{"LEASEBUCKET_POLICY": "p", "LEASEBUCKET_COORDINATOR_LISTEN": ":1", "LEASEBUCKET_REDIS_ADDRS": "r:6379",
+				"LEASEBUCKET_REDIS_USER": "coord", envRedisPassword: "pw", "LEASEBUCKET_COORDINATOR_STORE_TIMEOUT": "250ms"},
 			check: func(c *config) bool {
 				return c.listen == "127.0.0.1:9" && c.policyFile == "p" && c.redis.user == "coord" && c.redis.password == "pw" &&
 					c.storeTimeout == 250*time.Millisecond && c.store == storeRedis
@@ -269,7 +280,8 @@ func TestConfig(t *testing.T) {
 		{name: "client CA without cert", args: []string{"--policy", "p", "--tls-client-ca", "ca.pem"}, err: "needs --tls-cert"},
 		{name: "redis cert without key", args: []string{"--policy", "p", "--redis-addrs", "r:1", "--redis-tls-cert", "c"}, err: "go together"},
 		{name: "zero timeout", args: []string{"--policy", "p", "--store-timeout", "0s"}, err: "must be positive"},
-		{name: "bad env value", args: []string{"--policy", "p"}, env: map[string]string{"LEASEBUCKET_STORE_TIMEOUT": "soon"}, err: "LEASEBUCKET_STORE_TIMEOUT"},
+		{name: "bad env value", args: []string{"--policy", "p"}, env: map[string]string{"LEASEBUCKET_COORDINATOR_STORE_TIMEOUT": "soon"}, err: "LEASEBUCKET_COORDINATOR_STORE_TIMEOUT"},
+		{name: "bad log format", args: []string{"--policy", "p", "--log-format", "xml"}, err: "--log-format"},
 		{name: "bad log level", args: []string{"--policy", "p", "--log-level", "loud"}, err: "--log-level"},
 		{name: "stray argument", args: []string{"--policy", "p", "extra"}, err: "unexpected arguments"},
 		{name: "unknown flag", args: []string{"--policy", "p", "--redis-adrs", "r:1"}, err: "flag provided but not defined"},
@@ -326,7 +338,7 @@ func TestRunFailsEarly(t *testing.T) {
 func TestRunMemory(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "policy.yaml")
 	writeFile(t, file, policyYAML("v1", "100/second"))
-	c := start(t, nil, "--policy", file, "--policy-poll", "20ms")
+	c := start(t, nil, "--policy", file, "--policy-interval", "20ms")
 	c.dial()
 	if h := c.health(); h != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("health %v, want SERVING", h)
@@ -400,8 +412,8 @@ func TestRunMutualTLS(t *testing.T) {
 	}
 	file := filepath.Join(dir, "policy.yaml")
 	writeFile(t, file, policyYAML("v1", "100/second"))
-	c := start(t, map[string]string{"LEASEBUCKET_TLS_CLIENT_CA": pki.CA},
-		"--policy", file, "--tls-cert", pki.ServerCert, "--tls-key", pki.ServerKey)
+	c := start(t, map[string]string{"LEASEBUCKET_COORDINATOR_TLS_CLIENT_CA": pki.CA},
+		"--policy", file, "--tls-cert", pki.ServerCert, "--tls-key", pki.ServerKey, "--health-listen", "127.0.0.1:0")
 	creds := func(cert, key string) grpc.DialOption {
 		cfg, err := tlsconfig.Client(pki.CA, cert, key, "")
 		if err != nil {
@@ -412,6 +424,27 @@ func TestRunMutualTLS(t *testing.T) {
 	c.dial(creds(pki.ClientCert, pki.ClientKey))
 	if _, err := c.acquire("a", 1, "v1", "acme"); err != nil {
 		t.Fatalf("agent with a client certificate: %v", err)
+	}
+	// The health port answers the same status in plaintext, and serves nothing else.
+	var healthAddr string
+	for _, r := range c.logs.Records() {
+		if r["msg"] == "health serving" {
+			healthAddr, _ = r["addr"].(string)
+		}
+	}
+	hconn, err := grpc.NewClient(healthAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hconn.Close()
+	hresp, err := healthpb.NewHealthClient(hconn).Check(ctxFor(t, 10*time.Second), &healthpb.HealthCheckRequest{Service: coordinator.HealthService})
+	if err != nil || hresp.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("plaintext health on --health-listen %q: %v, %v; want SERVING", healthAddr, hresp, err)
+	}
+	_, err = coordinatorv1.NewCoordinatorServiceClient(hconn).Acquire(ctxFor(t, 10*time.Second),
+		&coordinatorv1.AcquireRequest{AgentId: "x", Seq: 1, PolicyVersion: "v1"})
+	if status.Code(err) != codes.Unimplemented {
+		t.Errorf("Acquire on the health port: %v, want Unimplemented", err)
 	}
 	for name, cr := range map[string]grpc.DialOption{"no certificate": creds("", ""), "foreign CA": creds(pki.OtherCert, pki.OtherKey)} {
 		conn, err := grpc.NewClient(c.grpcAddr, cr)

@@ -56,7 +56,7 @@ An example API gateway with the leasebucket rate-limit filter: a reverse proxy t
 authenticates each request by its bearer token (--tokens maps tokens to tenants), asks the node's
 agent whether the tenant may do the request now, and forwards it only if allowed: 429 over the
 limit, 503 when the route fails closed, responses marked degraded while an emergency bucket
-decides. Every flag can also be set by the environment variable shown in brackets; a flag on the
+decides. Every flag can also be set by the environment variable shown in parentheses; a flag on the
 command line wins. SIGINT or SIGTERM shuts it down gracefully.
 
 Flags:

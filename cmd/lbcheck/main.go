@@ -1,9 +1,9 @@
 // Command lbcheck sends checks to a leasebucket agent and prints one line per decision: a way to
-// see the agent work, and to probe a node's agent by hand. With -health it asks a server's gRPC
+// see the agent work, and to probe a node's agent by hand. With --health it asks a server's gRPC
 // health service instead (an agent's or a coordinator's), for scripts that wait for one.
 //
-//	lbcheck [-socket PATH | -addr HOST:PORT] [-n N] [-every D] tenant=T route=PATH op=OP [cost=N]
-//	lbcheck -health [-socket PATH | -addr HOST:PORT] [-service NAME]
+//	lbcheck [--agent-socket PATH | --agent-addr HOST:PORT] [--n N] [--every D] tenant=T route=PATH op=OP [cost=N]
+//	lbcheck --health [--agent-socket PATH | --agent-addr HOST:PORT] [--service NAME]
 package main
 
 import (
@@ -35,11 +35,12 @@ Sends N checks to a leasebucket agent, one after the other, and prints one line 
 allow, deny (429) or unavailable (503), with Retry-After, the tokens left as the agent sees them,
 the rule's limit and the rule that decided. op is a class (read, write), a named operation or an
 HTTP method; cost 0 (the default) is the rule's cost. Exits 1 if a check fails (the agent is
-unreachable or rejects the check as malformed).
+unreachable or rejects the check as malformed). --agent-socket can also be set by the environment
+variable shown in parentheses, as for the agent and the gateway.
 
-With -health and no arguments it asks the server's gRPC health service (grpc.health.v1) for
--service instead, which works for an agent and for a coordinator (-addr), prints the status, and
-exits 1 unless it is SERVING.
+With --health and no arguments it asks the server's gRPC health service (grpc.health.v1) for
+--service instead, which works for an agent and for a coordinator (--agent-addr), prints the
+status, and exits 1 unless it is SERVING.
 
 Flags:
 `
@@ -50,24 +51,27 @@ func main() {
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := cli.NewFlags("lbcheck", usageHeader, getenv, stderr)
-	var socket string
-	fs.EnvString(&socket, "socket", "LEASEBUCKET_AGENT_SOCKET", agent.DefaultSocket, "the agent's Unix socket")
-	addr := fs.String("addr", "", "the agent's TCP address instead of the socket (with -health: any server's)")
-	n := fs.Int("n", 1, "number of checks")
+	var socket, addr string
+	fs.EnvString(&socket, "agent-socket", "LEASEBUCKET_AGENT_SOCKET", agent.DefaultSocket, "the agent's Unix `socket`")
+	fs.Rename("socket", "agent-socket")
+	fs.StringVar(&addr, "agent-addr", "", "the agent's TCP `address` (its --listen) instead of the socket; with --health, any server's")
+	fs.Rename("addr", "agent-addr")
+	n := fs.Int("n", 1, "`number` of checks")
 	every := fs.Duration("every", 0, "pause between checks")
-	timeout := fs.Duration("timeout", time.Second, "deadline of each check (with -health: of the health call)")
+	timeout := fs.Duration("timeout", time.Second, "deadline of each check (with --health: of the health call)")
 	health := fs.Bool("health", false, "ask the server's gRPC health service instead of checking")
-	service := fs.String("service", "", "with -health: the service whose status to ask (default: the server's overall status)")
+	service := fs.String("service", "", "with --health: the service whose status to ask (default: the server's overall status)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}
 		return err
 	}
+	cli.PrintDeprecated(stderr, "lbcheck", fs.Deprecated())
 	var req *agentv1.CheckRequest
 	if *health {
 		if fs.NArg() > 0 {
-			return fmt.Errorf("-health takes no arguments, got %q", fs.Args())
+			return fmt.Errorf("--health takes no arguments, got %q", fs.Args())
 		}
 	} else {
 		var err error
@@ -76,8 +80,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 	}
 	target := "unix:" + socket // relative or absolute
-	if *addr != "" {
-		target = "passthrough:///" + *addr
+	if addr != "" {
+		target = "passthrough:///" + addr
 	}
 	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

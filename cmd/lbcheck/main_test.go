@@ -68,9 +68,12 @@ func startAgent(t *testing.T) string {
 func TestCardExample(t *testing.T) {
 	socket := startAgent(t)
 	var out, errs bytes.Buffer
-	args := []string{"-socket", socket, "-n", "25", "tenant=acme", "route=/orders/7", "op=GET"}
+	args := []string{"--agent-socket", socket, "-n", "25", "tenant=acme", "route=/orders/7", "op=GET"}
 	if err := run(context.Background(), args, func(string) string { return "" }, &out, &errs); err != nil {
 		t.Fatalf("run: %v\n%s", err, errs.String())
+	}
+	if errs.Len() != 0 {
+		t.Errorf("stderr: %q", errs.String())
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	if len(lines) != 25 {
@@ -112,29 +115,69 @@ func TestErrors(t *testing.T) {
 	}
 }
 
-// TestHealth: -health prints the agent's health status and succeeds only when it is SERVING.
+// TestOldFlagNames: -socket and -addr, the names before --agent-socket and --agent-addr, still
+// work and print a warning; both names of one flag are an error.
+func TestOldFlagNames(t *testing.T) {
+	socket := startAgent(t)
+	noEnv := func(string) string { return "" }
+	var out, errs bytes.Buffer
+	if err := run(context.Background(), []string{"-socket", socket, "tenant=acme", "route=/orders/7", "op=GET"}, noEnv, &out, &errs); err != nil {
+		t.Fatalf("-socket: %v", err)
+	}
+	if !strings.Contains(out.String(), "allow") {
+		t.Errorf("-socket: %q", out.String())
+	}
+	if want := "lbcheck: warning: --socket is deprecated and goes in the next release: use --agent-socket\n"; errs.String() != want {
+		t.Errorf("-socket: stderr %q, want %q", errs.String(), want)
+	}
+	errs.Reset()
+	// The old TCP flag: nothing listens on port 1, so the check fails after the warning.
+	err := run(context.Background(), []string{"-addr", "127.0.0.1:1", "--timeout", "100ms", "tenant=acme", "route=/orders/7", "op=GET"}, noEnv, &out, &errs)
+	if err == nil || !strings.Contains(errs.String(), "--addr is deprecated") || !strings.Contains(errs.String(), "use --agent-addr") {
+		t.Errorf("-addr: %v, stderr %q", err, errs.String())
+	}
+	err = run(context.Background(), []string{"-socket", socket, "--agent-socket", socket, "tenant=acme", "route=/orders/7", "op=GET"}, noEnv, &out, &errs)
+	if err == nil || !strings.Contains(err.Error(), "--socket and --agent-socket are one flag") {
+		t.Errorf("both names: %v", err)
+	}
+}
+
+func TestHelp(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"--help"}, func(string) string { return "" }, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Usage: lbcheck [flags] ", "\n  --agent-socket socket  (LEASEBUCKET_AGENT_SOCKET, default /run/leasebucket/agent.sock)\n",
+		"\n  --agent-addr address\n", "\n  --n number  (default 1)\n", "Deprecated names", "--socket ", "--addr "} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("--help lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestHealth: --health prints the agent's health status and succeeds only when it is SERVING.
 func TestHealth(t *testing.T) {
 	socket := startAgent(t)
 	noenv := func(string) string { return "" }
 	var out bytes.Buffer
-	if err := run(context.Background(), []string{"-health", "-socket", socket}, noenv, &out, &bytes.Buffer{}); err != nil {
-		t.Fatalf("-health: %v", err)
+	if err := run(context.Background(), []string{"--health", "--agent-socket", socket}, noenv, &out, &bytes.Buffer{}); err != nil {
+		t.Fatalf("--health: %v", err)
 	}
 	if got := strings.TrimSpace(out.String()); got != "SERVING" {
-		t.Errorf("-health printed %q, want SERVING", got)
+		t.Errorf("--health printed %q, want SERVING", got)
 	}
 	out.Reset()
-	args := []string{"-health", "-socket", socket, "-service", "leasebucket.agent.v1.AgentService"}
+	args := []string{"--health", "--agent-socket", socket, "--service", "leasebucket.agent.v1.AgentService"}
 	if err := run(context.Background(), args, noenv, &out, &bytes.Buffer{}); err != nil || strings.TrimSpace(out.String()) != "SERVING" {
-		t.Errorf("-health -service AgentService: %v, printed %q; want SERVING", err, out.String())
+		t.Errorf("--health --service AgentService: %v, printed %q; want SERVING", err, out.String())
 	}
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
-		{[]string{"-health", "-socket", socket, "tenant=acme"}, "-health takes no arguments"},
-		{[]string{"-health", "-socket", socket, "-service", "no.such.Service"}, "NotFound"},
-		{[]string{"-health", "-socket", filepath.Join(t.TempDir(), "none.sock")}, "Unavailable"},
+		{[]string{"--health", "--agent-socket", socket, "tenant=acme"}, "--health takes no arguments"},
+		{[]string{"--health", "--agent-socket", socket, "--service", "no.such.Service"}, "NotFound"},
+		{[]string{"--health", "--agent-socket", filepath.Join(t.TempDir(), "none.sock")}, "Unavailable"},
 	} {
 		err := run(context.Background(), tc.args, noenv, &bytes.Buffer{}, &bytes.Buffer{})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -1,7 +1,7 @@
 // Command lbpolicy checks leasebucket policy files and explains how a request resolves.
 //
 //	lbpolicy check FILE...
-//	lbpolicy explain -policy FILE 'tenant=acme route=/orders/7 op=read'
+//	lbpolicy explain --policy FILE 'tenant=acme route=/orders/7 op=read'
 package main
 
 import (
@@ -12,17 +12,20 @@ import (
 	"os"
 	"strings"
 
+	"github.com/leasebucket/leasebucket/internal/cli"
 	"github.com/leasebucket/leasebucket/policy"
 )
 
-const usage = `lbpolicy checks leasebucket policy files and explains how a request resolves.
+const usage = `Usage: lbpolicy COMMAND [flags] ARGS
 
-Usage:
+Checks leasebucket policy files and explains how a request resolves.
+
+Commands:
   lbpolicy check FILE...
       Parse and validate each policy file. Prints one line per valid file and every problem of an
       invalid one as FILE:LINE: FIELD: MESSAGE. Exits 1 if any file is invalid (for CI pipelines).
 
-  lbpolicy explain -policy FILE [-region REGION] 'tenant=T route=PATH op=OP'
+  lbpolicy explain --policy FILE [--region REGION] 'tenant=T route=PATH op=OP'
       Resolve one request against the policy: the rule that matched and why, the rules it
       replaces, the effective limit (after tenant overrides), the cost, the failure mode and the
       bucket key. The request is key=value words, in one argument or several:
@@ -33,7 +36,7 @@ Usage:
       Exits 1 if the policy is invalid or the request cannot be resolved.
 
   lbpolicy help
-      Show this text.
+      Show this text; lbpolicy COMMAND --help shows the flags of a command.
 
 Exit status: 0 success, 1 invalid policy or request, 2 usage error.
 `
@@ -41,6 +44,10 @@ Exit status: 0 success, 1 invalid policy or request, 2 usage error.
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
+
+// noEnv: lbpolicy's flags take no defaults from the environment, so that a variable set for the
+// agent on the same host does not change what a check reports.
+func noEnv(string) string { return "" }
 
 // run executes one command and returns the exit status.
 func run(args []string, stdout, stderr io.Writer) int {
@@ -63,9 +70,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 func check(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("check", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, "usage: lbpolicy check FILE...\n") }
+	fs := cli.NewFlags("lbpolicy check", "Usage: lbpolicy check FILE...\n\nParses and validates each policy file.\n", noEnv, stderr)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -91,14 +96,14 @@ func check(args []string, stdout, stderr io.Writer) int {
 }
 
 func explain(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	file := fs.String("policy", "", "policy `FILE` (required)")
-	region := fs.String("region", "", "the agent's `REGION` (for regional rules; region= in the request also works)")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: lbpolicy explain -policy FILE [-region REGION] 'tenant=T route=PATH op=OP'\n")
-		fs.PrintDefaults()
-	}
+	fs := cli.NewFlags("lbpolicy explain", `Usage: lbpolicy explain --policy FILE [--region REGION] 'tenant=T route=PATH op=OP'
+
+Resolves one request against the policy (see lbpolicy help).
+
+Flags:
+`, noEnv, stderr)
+	file := fs.String("policy", "", "policy `file` (required)")
+	region := fs.String("region", "", "the agent's `region` (for regional rules; region= in the request also works)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -106,7 +111,7 @@ func explain(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if *file == "" {
-		fmt.Fprintln(stderr, "lbpolicy explain: -policy FILE is required")
+		fmt.Fprintln(stderr, "lbpolicy explain: --policy FILE is required")
 		fs.Usage()
 		return 2
 	}

@@ -45,7 +45,7 @@ func TestCheck(t *testing.T) {
 		}
 	}
 
-	if code, _, errs := runCmd("check"); code != 2 || !strings.Contains(errs, "usage: lbpolicy check FILE...") {
+	if code, _, errs := runCmd("check"); code != 2 || !strings.Contains(errs, "Usage: lbpolicy check FILE...") {
 		t.Errorf("check without files = %d, %q; want 2 and usage", code, errs)
 	}
 }
@@ -55,26 +55,26 @@ func TestExplain(t *testing.T) {
 		args  []string
 		lines []string
 	}{
-		{[]string{"explain", "-policy", example, "tenant=acme route=/orders/7 op=read"}, []string{
+		{[]string{"explain", "--policy", example, "tenant=acme route=/orders/7 op=read"}, []string{
 			"rule:        orders-read (line 26)",
 			"limit:       100 per 1m, burst 20 (rule; global)",
 			"on failure:  deny: 503 with Retry-After 2s",
 			"key:         lb1:acme|/orders/%7B%7D|read|",
 		}},
-		{[]string{"explain", "-policy", example, "tenant=acme", "route=/orders/7", "method=POST"}, []string{
+		{[]string{"explain", "--policy", example, "tenant=acme", "route=/orders/7", "method=POST"}, []string{
 			"rule:        orders-write (line 56)",
 			"operation:   POST (HTTP method of class write)",
 			"on failure:  deny: 503 with Retry-After 1s",
 		}},
-		{[]string{"explain", "-policy", example, "tenant=acme path=/products/9 operation=GET"}, []string{
+		{[]string{"explain", "--policy", example, "tenant=acme path=/products/9 operation=GET"}, []string{
 			"rule:        catalog-read (line 70)",
 			"on failure:  emergency: local bucket 5 per 1m, burst 3 per agent; responses marked degraded",
 		}},
-		{[]string{"explain", "-policy", example, "-region", "us-east", "tenant=acme route=/search op=read"}, []string{
+		{[]string{"explain", "--policy", example, "--region", "us-east", "tenant=acme route=/search op=read"}, []string{
 			"limit:       120 per 1m, burst 12 (rule; regional, slice of region us-east)",
 			"key:         lb1:acme|/search|read|",
 		}},
-		{[]string{"explain", "-policy", example, "tenant=acme route=/search op=read region=eu-west"}, []string{
+		{[]string{"explain", "--policy", example, "tenant=acme route=/search op=read region=eu-west"}, []string{
 			"limit:       180 per 1m, burst 18 (rule; regional, slice of region eu-west)",
 		}},
 	} {
@@ -96,15 +96,15 @@ func TestExplainErrors(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"explain", "tenant=acme route=/ op=read"}, 2, "-policy FILE is required"},
-		{[]string{"explain", "-policy", example, "tenant=acme route=/"}, 2, "op= (or method=) is required"},
-		{[]string{"explain", "-policy", example, "route=/ op=read"}, 2, "tenant= is required"},
-		{[]string{"explain", "-policy", example, "tenant=acme op=read"}, 2, "route= is required"},
-		{[]string{"explain", "-policy", example, "tenant=acme route=/ op=read colour=red"}, 2, `unknown key "colour"`},
-		{[]string{"explain", "-policy", example, "tenant=acme route=/ op=read op=write"}, 2, "op given twice"},
-		{[]string{"explain", "-policy", example, "tenant=acme /orders op=read"}, 2, `"/orders" is not key=value`},
-		{[]string{"explain", "-policy", example, "tenant=acme route=/a%zz op=read"}, 1, "malformed percent-escape"},
-		{[]string{"explain", "-policy", example, "tenant=acme route=/search op=read"}, 1, `unknown region "" for rule "search"`},
+		{[]string{"explain", "tenant=acme route=/ op=read"}, 2, "--policy FILE is required"},
+		{[]string{"explain", "--policy", example, "tenant=acme route=/"}, 2, "op= (or method=) is required"},
+		{[]string{"explain", "--policy", example, "route=/ op=read"}, 2, "tenant= is required"},
+		{[]string{"explain", "--policy", example, "tenant=acme op=read"}, 2, "route= is required"},
+		{[]string{"explain", "--policy", example, "tenant=acme route=/ op=read colour=red"}, 2, `unknown key "colour"`},
+		{[]string{"explain", "--policy", example, "tenant=acme route=/ op=read op=write"}, 2, "op given twice"},
+		{[]string{"explain", "--policy", example, "tenant=acme /orders op=read"}, 2, `"/orders" is not key=value`},
+		{[]string{"explain", "--policy", example, "tenant=acme route=/a%zz op=read"}, 1, "malformed percent-escape"},
+		{[]string{"explain", "--policy", example, "tenant=acme route=/search op=read"}, 1, `unknown region "" for rule "search"`},
 		{[]string{"explain", "-policy", "missing.yaml", "tenant=acme route=/ op=read"}, 1, "no such file"},
 		{[]string{"explain", "-bogus"}, 2, "flag provided but not defined: -bogus"},
 	} {
@@ -124,7 +124,8 @@ func TestUsage(t *testing.T) {
 	}
 	for _, h := range []string{"help", "-h", "--help"} {
 		code, out, _ := runCmd(h)
-		if code != 0 || !strings.Contains(out, "lbpolicy explain -policy FILE") || !strings.Contains(out, "Exits 1 if any file is invalid") {
+		if code != 0 || !strings.HasPrefix(out, "Usage: lbpolicy COMMAND") || !strings.Contains(out, "lbpolicy explain --policy FILE") ||
+			!strings.Contains(out, "Exits 1 if any file is invalid") {
 			t.Errorf("%s = %d, %q", h, code, out)
 		}
 	}
@@ -136,7 +137,7 @@ func TestDocumentedExplain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const prompt = "$ lbpolicy explain -policy examples/policy.yaml '"
+	const prompt = "$ lbpolicy explain --policy examples/policy.yaml '"
 	_, rest, ok := strings.Cut(string(doc), prompt)
 	if !ok {
 		t.Fatal("docs/policy.md has no explain transcript")
@@ -146,11 +147,23 @@ func TestDocumentedExplain(t *testing.T) {
 	if !ok {
 		t.Fatal("the transcript's code block is not closed")
 	}
-	code, out, errs := runCmd("explain", "-policy", example, query)
+	code, out, errs := runCmd("explain", "--policy", example, query)
 	if code != 0 {
 		t.Fatalf("explain %q = %d: %s", query, code, errs)
 	}
 	if out != want {
 		t.Errorf("documented output:\n%s\nactual output:\n%s", want, out)
+	}
+}
+
+func TestExplainHelp(t *testing.T) {
+	code, _, errs := runCmd("explain", "--help")
+	if code != 0 {
+		t.Errorf("explain --help = %d", code)
+	}
+	for _, want := range []string{"Usage: lbpolicy explain --policy FILE", "\n  --policy file\n", "\n  --region region\n"} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("explain --help lacks %q:\n%s", want, errs)
+		}
 	}
 }

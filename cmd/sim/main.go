@@ -1,6 +1,6 @@
 // Command sim runs leasebucket simulation scenarios and writes a report with plots.
 //
-//	sim [-out DIR] [-seed N] [-duration D] [-no-sweep] [-progress] [-bench FILE] SCENARIO.yaml...
+//	sim [--out DIR] [--seed N] [--duration D] [--no-sweep] [--progress] [--bench FILE] SCENARIO.yaml...
 //
 // See docs/simulator.md.
 package main
@@ -19,18 +19,16 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 
+	"github.com/leasebucket/leasebucket/internal/cli"
 	"github.com/leasebucket/leasebucket/sim"
 )
 
-const usage = `sim runs leasebucket simulation scenarios (docs/simulator.md) and writes a report.
+const usage = `Usage: sim [flags] SCENARIO.yaml...
 
-Usage:
-  sim [flags] SCENARIO.yaml...
-
-Each scenario runs once as written, then once per value of its sweep, and, if it has a capacity
-section, yields a capacity plan. The report (report.md with plots, CSV per scenario) goes to -out.
-Exit status: 0 every bound held, 1 a bound broke in some run (the report says where) or an error,
-2 usage error.
+Runs leasebucket simulation scenarios (docs/simulator.md) and writes a report. Each scenario runs
+once as written, then once per value of its sweep, and, if it has a capacity section, yields a
+capacity plan. The report (report.md with plots, CSV per scenario) goes to --out. Exit status: 0
+every bound held, 1 a bound broke in some run (the report says where) or an error, 2 usage error.
 
 Flags:
 `
@@ -65,19 +63,14 @@ type config struct {
 
 func parse(args []string, stderr io.Writer) (*config, error) {
 	c := &config{}
-	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, usage)
-		fs.PrintDefaults()
-	}
-	fs.StringVar(&c.out, "out", "out/sim", "directory of the report")
-	seed := fs.Uint64("seed", 0, "run every scenario with this seed instead of its own")
+	fs := cli.NewFlags("sim", usage, func(string) string { return "" }, stderr)
+	fs.StringVar(&c.out, "out", "out/sim", "`directory` of the report")
+	seed := fs.Uint64("seed", 0, "run every scenario with this `seed` instead of its own")
 	fs.DurationVar(&c.duration, "duration", 0, "run every scenario (and sweep point) this long instead (a quick look)")
 	fs.BoolVar(&c.noSweep, "no-sweep", false, "skip the sweeps")
 	fs.BoolVar(&c.progress, "progress", false, "draw a progress bar even when stderr is not a terminal")
-	fs.StringVar(&c.bench, "bench", "", "benchmark results for capacity plans (default: the scenario's, bench/latest.json)")
-	fs.Float64Var(&c.figures.AgentCheckNs, "agent-check-ns", 0, "capacity: CPU ns per check on an agent")
+	fs.StringVar(&c.bench, "bench", "", "benchmark results `file` for capacity plans (default: the scenario's, bench/latest.json)")
+	fs.Float64Var(&c.figures.AgentCheckNs, "agent-check-ns", 0, "capacity: CPU `ns` per check on an agent")
 	rate := func(name, help string, v *sim.Rate) {
 		fs.Func(name, help, func(s string) error {
 			f, err := sim.ParseRate(s)
@@ -85,10 +78,13 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 			return err
 		})
 	}
-	rate("coordinator-items", "capacity: Acquire/Return items per second one coordinator replica serves", &c.figures.CoordinatorItemsPerSecond)
-	rate("redis-ops", "capacity: operations per second one Redis shard serves", &c.figures.RedisOpsPerSecond)
-	rate("redis-key-ops", "capacity: operations per second one Redis key serves", &c.figures.RedisKeyOpsPerSecond)
+	rate("coordinator-items", "capacity: Acquire/Return items per second (`rate`) one coordinator replica serves", &c.figures.CoordinatorItemsPerSecond)
+	rate("redis-ops", "capacity: operations per second (`rate`) one Redis shard serves", &c.figures.RedisOpsPerSecond)
+	rate("redis-key-ops", "capacity: operations per second (`rate`) one Redis key serves", &c.figures.RedisKeyOpsPerSecond)
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
 		return nil, usageError{err}
 	}
 	fs.Visit(func(f *flag.Flag) {
@@ -106,6 +102,9 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c, err := parse(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}

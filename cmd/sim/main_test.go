@@ -97,3 +97,15 @@ func TestCancel(t *testing.T) {
 		t.Fatalf("run = %v, want context.Canceled", err)
 	}
 }
+
+func TestHelp(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if err := run(context.Background(), []string{"--help"}, &stdout, &stderr); err != nil {
+		t.Fatalf("--help: %v", err)
+	}
+	for _, want := range []string{"Usage: sim [flags] SCENARIO.yaml...\n", "\n  --out directory  (default out/sim)\n", "\n  --seed seed\n", "\n  --redis-ops rate\n"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("--help lacks %q:\n%s", want, stderr.String())
+		}
+	}
+}
