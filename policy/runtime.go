@@ -403,7 +403,7 @@ func (ps overrideSpec) String() string {
 // override, and returns the override with its limits.
 func (r *Rule) runtimeOverride(tenant string, ps overrideSpec) (*override, error) {
 	if err := ValidTenant(tenant); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidOverride, err)
+		return nil, fmt.Errorf("%w: %s", ErrInvalidOverride, strings.TrimPrefix(err.Error(), "policy: "))
 	}
 	if ps.err != nil {
 		return nil, ps.err

@@ -41,8 +41,9 @@ const (
 // Errors: INVALID_ARGUMENT for a malformed request (a tenant, path or region the policy cannot
 // resolve, a level above the bucket's capacity, an override spec the rule does not allow);
 // NOT_FOUND for a rule or an override that does not exist; FAILED_PRECONDITION when a request's
-// rule guard names another rule than the route resolves to, or the runtime overrides are full;
-// UNAVAILABLE when the store cannot be reached. A call that fails changes nothing.
+// rule guard names another rule than the route resolves to; RESOURCE_EXHAUSTED when a new
+// override would pass the bounds on runtime overrides; UNAVAILABLE when the store cannot be
+// reached. A call that fails changes nothing.
 type AdminServiceClient interface {
 	// InspectBucket shows a bucket's global state: its level now, its last refill and the leases
 	// its agents may still hold.
@@ -141,8 +142,9 @@ func (c *adminServiceClient) DeleteOverride(ctx context.Context, in *DeleteOverr
 // Errors: INVALID_ARGUMENT for a malformed request (a tenant, path or region the policy cannot
 // resolve, a level above the bucket's capacity, an override spec the rule does not allow);
 // NOT_FOUND for a rule or an override that does not exist; FAILED_PRECONDITION when a request's
-// rule guard names another rule than the route resolves to, or the runtime overrides are full;
-// UNAVAILABLE when the store cannot be reached. A call that fails changes nothing.
+// rule guard names another rule than the route resolves to; RESOURCE_EXHAUSTED when a new
+// override would pass the bounds on runtime overrides; UNAVAILABLE when the store cannot be
+// reached. A call that fails changes nothing.
 type AdminServiceServer interface {
 	// InspectBucket shows a bucket's global state: its level now, its last refill and the leases
 	// its agents may still hold.
