@@ -52,6 +52,10 @@ type config struct {
 
 	tlsCert, tlsKey, tlsClientCA string
 
+	admins        []coordinator.Identity
+	adminAuditLog string
+	overridesPoll time.Duration
+
 	redis redisConfig
 
 	logLevel zapcore.Level
@@ -96,6 +100,9 @@ Health: the gRPC health service (grpc.health.v1, for "" and "` + "%s" + `")
 is SERVING only while the store answers a probe every --health-interval.
 Shutdown: on SIGINT or SIGTERM the coordinator reports NOT_SERVING, refuses new calls, finishes
 the calls in flight and exits; calls still running after --shutdown-timeout are cancelled.
+Administration: the AdminService (lbctl) answers only clients whose certificate carries one of
+--admin-identities, and audits every call. Runtime tenant overrides live in the store beside the
+buckets; the coordinator applies them over the policy file and serves them to agents.
 
 Flags:
 `
@@ -108,6 +115,7 @@ type flags struct {
 	redisPassFile     string
 	redisSentPassFile string
 	logLevel          string
+	admins            string
 }
 
 func newFlags(stderr io.Writer) *flags {
@@ -125,6 +133,9 @@ func newFlags(stderr io.Writer) *flags {
 	fs.StringVar(&c.tlsCert, "tls-cert", "", "server certificate `file` (PEM); serves TLS when set")
 	fs.StringVar(&c.tlsKey, "tls-key", "", "server private key `file` (PEM)")
 	fs.StringVar(&c.tlsClientCA, "tls-client-ca", "", "CA `file` (PEM) of agents' client certificates: requires mutual TLS")
+	fs.StringVar(&f.admins, "admin-identities", "", "comma-separated client certificate `identities` allowed to call the AdminService (cn:NAME, dns:NAME, uri:URI, email:ADDRESS); needs --tls-client-ca. Empty: every admin call is refused")
+	fs.StringVar(&c.adminAuditLog, "admin-audit-log", "stderr", "where every admin call is audited as a JSON line: stderr (among the logs, never sampled) or a `file` (appended to)")
+	fs.DurationVar(&c.overridesPoll, "overrides-poll", coordinator.DefaultOverridesPoll, "how often the runtime tenant overrides are checked for changes in the store")
 	fs.StringVar(&f.redisAddrs, "redis-addrs", "", "comma-separated Redis `addresses` (host:port): one for standalone, several for Cluster, the Sentinels with --redis-master-name")
 	fs.BoolVar(&c.redis.cluster, "redis-cluster", false, "treat a single --redis-addrs address as a Redis Cluster seed")
 	fs.StringVar(&c.redis.masterName, "redis-master-name", "", "Sentinel master `name`: --redis-addrs are then the Sentinels")
@@ -205,6 +216,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	if c.redis.sentinelPassword, err = secret(getenv, envRedisSentinelPassword, "--redis-sentinel-password-file", f.redisSentPassFile); err != nil {
 		return nil, err
 	}
+	if c.admins, err = coordinator.ParseIdentities(f.admins); err != nil {
+		return nil, fmt.Errorf("--admin-identities: %w", err)
+	}
 	r := &c.redis
 	r.tls = r.tls || r.tlsCA != "" || r.tlsCert != "" || r.tlsKey != "" || r.tlsServerName != ""
 	if c.store == "" {
@@ -244,12 +258,17 @@ func (c *config) check() error {
 		return errors.New("--tls-cert and --tls-key go together")
 	case c.tlsClientCA != "" && c.tlsCert == "":
 		return errors.New("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
+	case len(c.admins) > 0 && c.tlsClientCA == "":
+		return errors.New("--admin-identities needs mutual TLS (--tls-client-ca): admins are recognised by their client certificates")
+	case c.adminAuditLog == "":
+		return errors.New("--admin-audit-log must not be empty: stderr or a file")
 	case c.listen == "":
 		return errors.New("--listen must not be empty")
 	}
 	for name, d := range map[string]time.Duration{
 		"--policy-poll": c.policyPoll, "--store-timeout": c.storeTimeout, "--health-interval": c.healthInterval,
 		"--shutdown-timeout": c.shutdownTimeout, "--redis-dial-timeout": r.dialTimeout, "--redis-timeout": r.timeout,
+		"--overrides-poll": c.overridesPoll,
 	} {
 		if d <= 0 {
 			return fmt.Errorf("%s=%v must be positive", name, d)
