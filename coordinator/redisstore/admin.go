@@ -20,6 +20,23 @@ var adminLua string
 
 var adminScript = redis.NewScript(adminLua)
 
+// runScript runs one script call on key as a pipeline of one command, by digest and, after a
+// NOSCRIPT reply, by its source. A pipeline, because a Cluster client asks Redis for command
+// metadata (COMMAND, which the coordinator's ACL user is not allowed) before a lone command, not
+// before a pipeline.
+func (s *Store) runScript(ctx context.Context, sc *redis.Script, src, key string, args ...any) *redis.Cmd {
+	keys := []string{key}
+	pipe := s.c.Pipeline()
+	cmd := pipe.EvalSha(ctx, sc.Hash(), keys, args...)
+	_, _ = pipe.Exec(ctx) // the error is the command's
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		pipe = s.c.Pipeline()
+		cmd = pipe.Eval(ctx, src, keys, args...)
+		_, _ = pipe.Exec(ctx)
+	}
+	return cmd
+}
+
 var _ coordinator.AdminStore = (*Store)(nil)
 
 // Inspect implements coordinator.AdminStore: one script call that reads the key's hash and
@@ -32,7 +49,7 @@ func (s *Store) Inspect(ctx context.Context, key string, l bucket.Limit) (coordi
 	if err != nil {
 		return coordinator.Snapshot{}, err
 	}
-	vals, err := adminScript.Run(ctx, s.c, []string{key}, "inspect", now).Slice()
+	vals, err := s.runScript(ctx, adminScript, adminLua, key, "inspect", now).Slice()
 	if err != nil {
 		return coordinator.Snapshot{}, fmt.Errorf("redisstore: inspect %q: %w", key, err)
 	}
@@ -60,7 +77,7 @@ func (s *Store) SetLevel(ctx context.Context, key string, l bucket.Limit, level 
 		return before, after, err
 	}
 	num, den := l.Rate()
-	vals, err := adminScript.Run(ctx, s.c, []string{key}, "set", now,
+	vals, err := s.runScript(ctx, adminScript, adminLua, key, "set", now,
 		int64(l.Capacity()), num, den, int64(level), int64(coordinator.ExpiryMargin)).Slice()
 	if err != nil {
 		return before, after, fmt.Errorf("redisstore: set level of %q: %w", key, err)

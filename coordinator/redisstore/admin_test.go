@@ -1,7 +1,10 @@
 package redisstore_test
 
 import (
+	"context"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/redisstore"
@@ -28,6 +31,27 @@ func TestOverridesConformance(t *testing.T) {
 		if err := rdb.FlushAll(ctx(t)).Err(); err != nil {
 			t.Fatal(err)
 		}
+		return redisstore.New(rdb)
+	})
+}
+
+// TestAdminCluster runs both suites on a Redis Cluster: every key in its own slot, the admin
+// and overrides scripts routed by their key.
+func TestAdminCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	rdb := cl.Client(t)
+	flush := func(t *testing.T) {
+		err := rdb.ForEachMaster(ctx(t), func(ctx context.Context, m *redis.Client) error { return m.FlushAll(ctx).Err() })
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	storetest.RunAdmin(t, func(t *testing.T, clock func() bucket.Millis) storetest.AdminStore {
+		flush(t)
+		return redisstore.New(rdb, redisstore.WithClock(clock))
+	})
+	storetest.RunOverrides(t, func(t *testing.T) coordinator.OverridesStore {
+		flush(t)
 		return redisstore.New(rdb)
 	})
 }

@@ -26,29 +26,38 @@ var overridesScript = redis.NewScript(overridesLua)
 
 var _ coordinator.OverridesStore = (*Store)(nil)
 
-// OverridesStamp implements coordinator.OverridesStore: one HMGET of the bookkeeping fields.
+// OverridesStamp implements coordinator.OverridesStore: the script reads the bookkeeping fields
+// (one HMGET).
 func (s *Store) OverridesStamp(ctx context.Context) (string, error) {
-	vals, err := s.c.HMGet(ctx, OverridesKey, "#epoch", "#rev").Result()
+	vals, err := s.runScript(ctx, overridesScript, overridesLua, OverridesKey, "stamp").StringSlice()
 	if err != nil {
 		return "", fmt.Errorf("redisstore: overrides stamp: %w", err)
+	}
+	if len(vals) != 2 {
+		return "", fmt.Errorf("redisstore: overrides stamp: script answered %d values, want 2", len(vals))
 	}
 	return stamp(vals[0], vals[1]), nil
 }
 
-func stamp(epoch, rev any) string {
-	e, _ := epoch.(string)
-	r, _ := rev.(string)
-	if e == "" {
+func stamp(epoch, rev string) string {
+	if epoch == "" {
 		return ""
 	}
-	return e + ":" + r
+	return epoch + ":" + rev
 }
 
-// LoadOverrides implements coordinator.OverridesStore: one HGETALL.
+// LoadOverrides implements coordinator.OverridesStore: the script reads the hash (one HGETALL).
 func (s *Store) LoadOverrides(ctx context.Context) (string, []policy.RuntimeOverride, error) {
-	m, err := s.c.HGetAll(ctx, OverridesKey).Result()
+	flat, err := s.runScript(ctx, overridesScript, overridesLua, OverridesKey, "load").StringSlice()
 	if err != nil {
 		return "", nil, fmt.Errorf("redisstore: load overrides: %w", err)
+	}
+	if len(flat)%2 != 0 {
+		return "", nil, fmt.Errorf("redisstore: load overrides: %d values, want field, value pairs", len(flat))
+	}
+	m := make(map[string]string, len(flat)/2)
+	for i := 0; i < len(flat); i += 2 {
+		m[flat[i]] = flat[i+1]
 	}
 	out := make([]policy.RuntimeOverride, 0, len(m))
 	for field, spec := range m {
@@ -103,7 +112,7 @@ func validField(rule, tenant string) error {
 }
 
 func (s *Store) overridesOp(ctx context.Context, args ...any) (status, prev string, err error) {
-	vals, err := overridesScript.Run(ctx, s.c, []string{OverridesKey}, args...).StringSlice()
+	vals, err := s.runScript(ctx, overridesScript, overridesLua, OverridesKey, args...).StringSlice()
 	if err != nil {
 		return "", "", fmt.Errorf("redisstore: %s override: %w", args[0], err)
 	}

@@ -1,18 +1,29 @@
--- overrides.lua: one change to the runtime overrides (coordinator.OverridesStore). It touches
--- KEYS[1] only and makes no network call.
+-- overrides.lua: one read of, or one change to, the runtime overrides (coordinator.OverridesStore).
+-- It touches KEYS[1] only and makes no network call. Reads go through the script too: a Cluster
+-- client routes a script by its key without asking Redis for command metadata (COMMAND), which
+-- the coordinator's ACL user is not allowed.
 --
 -- KEYS[1]  the overrides: a hash of "<rule>|<tenant>" → spec (rule names have no '|'), and
 --   #epoch  Redis TIME (seconds.microseconds) when the hash was created, so a hash created anew
 --           (after a flush or a failover that lost it) never repeats an old stamp
 --   #rev    the number of changes
 --   #bytes  the sum over the overrides of len(rule) + len(tenant) + len(spec)
--- ARGV     op ("put" | "delete"), field, spec (put), max_count, max_bytes (put)
--- Returns  {status, previous spec or '', stamp "<epoch>:<rev>" or ''};
+-- ARGV     op ("stamp" | "load" | "put" | "delete"), field, spec (put), max_count, max_bytes (put)
+-- Returns  stamp: {epoch or '', rev or ''}; load: HGETALL of the hash;
+--          put, delete: {status, previous spec or '', stamp "<epoch>:<rev>" or ''};
 --          status "ok", "same" (put of the spec held: nothing changed), "full" (put past the
 --          bounds: nothing changed) or "missing" (delete of no override: nothing changed)
 
 local key = KEYS[1]
 local op = ARGV[1]
+
+if op == 'stamp' then
+  local m = redis.call('HMGET', key, '#epoch', '#rev')
+  return {m[1] or '', m[2] or ''}
+elseif op == 'load' then
+  return redis.call('HGETALL', key)
+end
+
 local field = ARGV[2]
 
 local m = redis.call('HMGET', key, field, '#rev', '#bytes', '#epoch')
