@@ -3,6 +3,8 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -261,4 +263,28 @@ func FuzzOverrideSpec(f *testing.F) {
 			t.Fatalf("rule %s: runtime override %q, %t; want %q", rule, got, ok, o.Spec)
 		}
 	})
+}
+
+// TestDocsRuntimeOverrides keeps the docs true: every `lbctl overrides set` they show is a valid
+// override of the example policy.
+func TestDocsRuntimeOverrides(t *testing.T) {
+	file := loadExample(t)
+	re := regexp.MustCompile(`lbctl overrides set --rule (\S+) --tenant (\S+)(?:\s+--reason '[^']*')?\s+'([^']*)'`)
+	n := 0
+	for _, doc := range []string{"../docs/policy.md", "../docs/coordinator.md"} {
+		data, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := strings.ReplaceAll(string(data), "\\\n", "")
+		for _, m := range re.FindAllStringSubmatch(text, -1) {
+			n++
+			if _, err := file.CheckOverride(m[1], m[2], m[3]); err != nil {
+				t.Errorf("%s: %s: %v", doc, m[0], err)
+			}
+		}
+	}
+	if n < 3 {
+		t.Errorf("found %d lbctl overrides set examples in the docs", n)
+	}
 }
