@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
+	adminv1 "github.com/leasebucket/leasebucket/proto/leasebucket/admin/v1"
 	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
 )
 
@@ -60,6 +61,10 @@ type ServerOptions struct {
 	// ShutdownTimeout bounds the graceful shutdown (DefaultShutdownTimeout if zero): calls still
 	// running after it are cancelled.
 	ShutdownTimeout time.Duration
+	// Overrides, if set, serves agents the runtime overrides (OverridesService).
+	Overrides coordinatorv1.OverridesServiceServer
+	// Admin, if set, serves the operators' AdminService (it authorises each call itself).
+	Admin adminv1.AdminServiceServer
 }
 
 // Server is the coordinator's gRPC server: the CoordinatorService of a Service and the standard
@@ -107,6 +112,12 @@ func NewServer(svc *Service, opts ServerOptions) *Server {
 	}
 	s.grpc = grpc.NewServer(gopts...)
 	coordinatorv1.RegisterCoordinatorServiceServer(s.grpc, svc)
+	if opts.Overrides != nil {
+		coordinatorv1.RegisterOverridesServiceServer(s.grpc, opts.Overrides)
+	}
+	if opts.Admin != nil {
+		adminv1.RegisterAdminServiceServer(s.grpc, opts.Admin)
+	}
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	// Not serving until the first probe says the store answers.
 	s.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)

@@ -22,9 +22,9 @@ import (
 // MaxItems bounds the items of one Acquire or Return: a batch is one pipelined store round trip.
 const MaxItems = 1024
 
-// maxVersion bounds a policy version (the policy file allows 64 characters): an unknown version is
-// echoed in the error, which must stay small.
-const maxVersion = 64
+// maxVersion bounds a policy version (a file's version and the runtime overrides' suffix): an
+// unknown version is echoed in the error, which must stay small.
+const maxVersion = policy.MaxVersionLen
 
 // KeepVersions is how many policy versions a coordinator answers for: the current one and the
 // ones before it, so agents that have not reloaded yet during a roll-out keep working.
@@ -41,6 +41,8 @@ type Service struct {
 
 	mu       sync.RWMutex
 	versions []*policy.Set // newest first, at most KeepVersions
+
+	unknownVersion func(version string) bool // see WithUnknownVersion
 }
 
 // Option configures a Service.
@@ -56,6 +58,13 @@ func WithLogger(log *zap.Logger) Option { return func(s *Service) { s.log = log 
 // STORE_UNAVAILABLE (or per item), so an agent applies its failure mode instead of waiting for
 // its own deadline. Zero (the default) leaves only the caller's deadline.
 func WithStoreTimeout(d time.Duration) Option { return func(s *Service) { s.storeTimeout = d } }
+
+// WithUnknownVersion calls f before a request naming a policy version the Service does not hold
+// is answered UNKNOWN_POLICY_VERSION; when f returns true the version is looked up again.
+// Policies.Miss is one: the runtime overrides may have changed since it last read them.
+func WithUnknownVersion(f func(version string) bool) Option {
+	return func(s *Service) { s.unknownVersion = f }
+}
 
 // NewService returns a Service over store answering for set.
 func NewService(store Store, set *policy.Set, opts ...Option) *Service {
@@ -140,6 +149,9 @@ func (s *Service) validate(agent string, seq uint64, version string, items int) 
 		return nil, status.Errorf(codes.InvalidArgument, "policy_version longer than %d bytes", maxVersion)
 	}
 	set := s.policy(version)
+	if set == nil && s.unknownVersion != nil && s.unknownVersion(version) {
+		set = s.policy(version)
+	}
 	if set == nil {
 		return nil, coordinatorv1.UnknownPolicyVersionError(version)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/leasebucket/leasebucket/coordinator/storetest"
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/lease"
+	"github.com/leasebucket/leasebucket/policy"
 	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
 )
 
@@ -145,7 +146,7 @@ func TestCallValidation(t *testing.T) {
 		{"seq beyond 2^53", acquire("a", 1<<53, "v1"), codes.InvalidArgument},
 		{"too many items", acquire("a", 1, "v1", many...), codes.InvalidArgument},
 		{"unknown version", acquire("a", 1, "v0"), codes.FailedPrecondition},
-		{"version too long", acquire("a", 1, strings.Repeat("v", 65)), codes.InvalidArgument},
+		{"version too long", acquire("a", 1, strings.Repeat("v", policy.MaxVersionLen+1)), codes.InvalidArgument},
 		{"empty", acquire("a", 1, "v1"), codes.OK},
 	} {
 		_, err := svc.Acquire(ctxFor(t, 10*time.Second), tc.req)

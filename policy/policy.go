@@ -300,6 +300,9 @@ type Set struct {
 	classes    []string
 
 	envoy Envoy
+
+	// rt is set on a Set made by WithOverrides: the file's Set and the runtime overrides applied.
+	rt *runtimeLayer
 }
 
 type routeRef struct{ rule, template, op string }

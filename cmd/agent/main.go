@@ -55,6 +55,7 @@ type config struct {
 	coordinators    string
 	policyFile      string
 	policyInterval  time.Duration
+	overridesEvery  time.Duration
 	tlsCA           string
 	tlsCert         string
 	tlsKey          string
@@ -113,6 +114,8 @@ func newFlags(c *config, getenv func(string) string, stderr io.Writer) *cli.Flag
 		"policy file, the same file the coordinators read; reloaded when it changes (required)")
 	f.EnvDuration(&c.policyInterval, "policy-interval", "LEASEBUCKET_POLICY_INTERVAL", policy.DefaultPollInterval,
 		"how often the policy file is checked for changes")
+	f.EnvDuration(&c.overridesEvery, "overrides-interval", "LEASEBUCKET_AGENT_OVERRIDES_INTERVAL", agent.DefaultOverridesInterval,
+		"how often the coordinators are asked for the runtime tenant overrides (applied over the policy file); 0: never, the file alone")
 	f.EnvString(&c.tlsCA, "tls-ca", "LEASEBUCKET_AGENT_TLS_CA", "",
 		"CA file to verify coordinators with; any tls-* flag turns TLS on (default: plaintext)")
 	f.EnvString(&c.tlsCert, "tls-cert", "LEASEBUCKET_AGENT_TLS_CERT", "", "client certificate for mutual TLS with the coordinators")
@@ -159,6 +162,8 @@ func (c *config) check(f *cli.Flags) error {
 		return errors.New("--policy is required (see --help)")
 	case c.maxWait <= 0 || c.callTimeout <= 0 || c.shutdownTimeout <= 0:
 		return errors.New("--max-wait, --call-timeout and --shutdown-timeout must be positive")
+	case c.overridesEvery < 0:
+		return errors.New("--overrides-interval must not be negative (0 turns runtime overrides off)")
 	case c.maxKeys <= 0:
 		return errors.New("--max-keys must be positive")
 	case c.idempotencyWindow < 0 || (c.idempotencyWindow > 0 && c.idempotencyWindow < max(time.Second, 2*c.maxWait)):
@@ -195,16 +200,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	reg := newRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	// The Limiter follows the watcher: a reload that parses and validates replaces the policy
-	// (leases of the old version are returned); a broken file keeps the last good one.
-	var lim *agent.Limiter
+	// The Limiter follows the policy source: the file (a reload that parses and validates
+	// replaces the policy, leases of the old version are returned; a broken file keeps the last
+	// good one) with the runtime overrides the coordinators serve applied.
+	var (
+		lim *agent.Limiter
+		src *agent.PolicySource // set before the watcher starts
+	)
 	watcher, err := policy.NewWatcher(cfg.policyFile, policy.WatchOptions{
 		Interval: cfg.policyInterval, Logger: log, Registerer: reg,
-		OnChange: func(_, set *policy.Set) {
-			if lim != nil {
-				lim.SetPolicy(set)
-			}
-		},
+		OnChange: func(_, set *policy.Set) { src.SetFile(set) },
 	})
 	if err != nil {
 		return err
@@ -228,18 +233,39 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	// round trip, not for a connection's set-up as well.
 	conn.Connect()
 
+	var overrides agent.OverridesClient
+	if cfg.overridesEvery > 0 {
+		overrides = agent.NewOverridesClient(conn)
+	}
+	src = agent.NewPolicySource(agent.PolicySourceConfig{
+		File: watcher.Current(), Client: overrides, CallTimeout: cfg.callTimeout, Logger: log,
+		Apply: func(set *policy.Set) {
+			if lim != nil {
+				lim.SetPolicy(set)
+			}
+		},
+	})
+	// Start with the coordinators' overrides if they answer now; if not, the first refill they
+	// refuse for its version, or the next poll, fetches them.
+	if err := refreshOverrides(ctx, src, cfg.callTimeout); err != nil {
+		log.Warn("runtime overrides not fetched at start", zap.Error(err))
+	}
+
 	clk := clock.NewCoarse(time.Millisecond)
 	defer clk.Close()
 	metrics := agent.NewMetrics()
 	lim = agent.New(agent.Config{
 		AgentID: id, Region: cfg.region, MaxKeys: cfg.maxKeys, Guard: clock.Guard,
-	}, watcher.Current())
+	}, src.Current())
 	ref := agent.NewRefresher(agent.RefresherConfig{
 		Coordinator: agent.CoordinatorClient(conn),
 		Clock:       clk,
 		CallTimeout: cfg.callTimeout,
 		ReloadPolicy: func() {
 			_, _ = watcher.Reload() // OnChange installs a new policy; errors are logged by the watcher
+			if err := refreshOverrides(context.Background(), src, cfg.callTimeout); err != nil {
+				log.Warn("runtime overrides not fetched", zap.Error(err))
+			}
 		},
 		Metrics: metrics,
 		Logger:  log,
@@ -260,6 +286,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	ref.Start(lim)
 	watcher.Start()
+	pollCtx, stopPoll := context.WithCancel(context.Background())
+	var polling sync.WaitGroup
+	polling.Go(func() { src.Run(pollCtx, cfg.overridesEvery) })
+	stopOverrides := sync.OnceFunc(func() { stopPoll(); polling.Wait() })
+	defer stopOverrides()
 
 	idemWindow := cfg.idempotencyWindow
 	if idemWindow == 0 {
@@ -313,6 +344,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	// Stop taking checks (health says NOT_SERVING at once; checks in flight finish, waiting at
 	// most --max-wait each; streams answer what they read and end), then retire every lease and
 	// return it.
+	stopOverrides()
 	hs.Shutdown()
 	srv.Drain()
 	graceful := make(chan struct{})
@@ -450,6 +482,13 @@ func stopRefresher(log *zap.Logger, ref *agent.Refresher, d time.Duration) {
 		return
 	}
 	log.Info("leases returned")
+}
+
+// refreshOverrides fetches the runtime overrides once, within timeout.
+func refreshOverrides(ctx context.Context, src *agent.PolicySource, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return src.Refresh(ctx)
 }
 
 // agentID names this process to the coordinators: unique per process (a restarted agent must not

@@ -53,6 +53,10 @@ type config struct {
 
 	tlsCert, tlsKey, tlsClientCA string
 
+	admins            []coordinator.Identity
+	adminAuditLog     string
+	overridesInterval time.Duration
+
 	redis redisConfig
 
 	log        cli.Logging
@@ -97,6 +101,9 @@ is SERVING only while the store answers a probe every --health-interval; --healt
 it alone in plaintext too, for probes without a client certificate.
 Shutdown: on SIGINT or SIGTERM the coordinator reports NOT_SERVING, refuses new calls, finishes
 the calls in flight and exits; calls still running after --shutdown-timeout are cancelled.
+Administration: the AdminService (lbctl) answers only clients whose certificate carries one of
+--admin-identities, and audits every call. Runtime tenant overrides live in the store beside the
+buckets; the coordinator applies them over the policy file and serves them to agents.
 
 Flags:
 `
@@ -108,6 +115,7 @@ type flags struct {
 	redisAddrs        string
 	redisPassFile     string
 	redisSentPassFile string
+	admins            string
 }
 
 // own is the environment variable of a flag of the coordinator's own, whose old name (without
@@ -142,6 +150,12 @@ func newFlags(getenv func(string) string, stderr io.Writer) *flags {
 	f.EnvString(&c.tlsCert, "tls-cert", f.own("tls-cert"), "", "server certificate `file` (PEM); serves TLS when set")
 	f.EnvString(&c.tlsKey, "tls-key", f.own("tls-key"), "", "server private key `file` (PEM)")
 	f.EnvString(&c.tlsClientCA, "tls-client-ca", f.own("tls-client-ca"), "", "CA `file` (PEM) of agents' client certificates: requires mutual TLS")
+	f.EnvString(&f.admins, "admin-identities", envName("COORDINATOR_", "admin-identities"), "", // new: no old name
+		"comma-separated client certificate `identities` allowed to call the AdminService (cn:NAME, dns:NAME, uri:URI, email:ADDRESS); needs --tls-client-ca. Empty: every admin call is refused")
+	f.EnvString(&c.adminAuditLog, "admin-audit-log", envName("COORDINATOR_", "admin-audit-log"), "stderr",
+		"where every admin call is audited as a JSON line: stderr (among the logs, never sampled) or a `file` (appended to)")
+	f.EnvDuration(&c.overridesInterval, "overrides-interval", envName("COORDINATOR_", "overrides-interval"), coordinator.DefaultOverridesPoll,
+		"how often the runtime tenant overrides are checked for changes in the store")
 	redis := func(name string) string { return envName("", name) } // only the coordinator talks to Redis
 	f.EnvString(&f.redisAddrs, "redis-addrs", redis("redis-addrs"), "", "comma-separated Redis `addresses` (host:port): one for standalone, several for Cluster, the Sentinels with --redis-master-name")
 	f.EnvBool(&c.redis.cluster, "redis-cluster", redis("redis-cluster"), false, "treat a single --redis-addrs address as a Redis Cluster seed")
@@ -187,6 +201,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	if c.redis.sentinelPassword, err = secret(getenv, envRedisSentinelPassword, "--redis-sentinel-password-file", f.redisSentPassFile); err != nil {
 		return nil, err
 	}
+	if c.admins, err = coordinator.ParseIdentities(f.admins); err != nil {
+		return nil, fmt.Errorf("--admin-identities: %w", err)
+	}
 	r := &c.redis
 	r.tls = r.tls || r.tlsCA != "" || r.tlsCert != "" || r.tlsKey != "" || r.tlsServerName != ""
 	if c.store == "" {
@@ -226,12 +243,17 @@ func (c *config) check() error {
 		return errors.New("--tls-cert and --tls-key go together")
 	case c.tlsClientCA != "" && c.tlsCert == "":
 		return errors.New("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
+	case len(c.admins) > 0 && c.tlsClientCA == "":
+		return errors.New("--admin-identities needs mutual TLS (--tls-client-ca): admins are recognised by their client certificates")
+	case c.adminAuditLog == "":
+		return errors.New("--admin-audit-log must not be empty: stderr or a file")
 	case c.listen == "":
 		return errors.New("--listen must not be empty")
 	}
 	for name, d := range map[string]time.Duration{
 		"--policy-interval": c.policyInterval, "--store-timeout": c.storeTimeout, "--health-interval": c.healthInterval,
 		"--shutdown-timeout": c.shutdownTimeout, "--redis-dial-timeout": r.dialTimeout, "--redis-timeout": r.timeout,
+		"--overrides-interval": c.overridesInterval,
 	} {
 		if d <= 0 {
 			return fmt.Errorf("%s=%v must be positive", name, d)

@@ -78,25 +78,48 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return err
 	}
 
-	var svc *coordinator.Service // set before the watcher starts
+	var policies *coordinator.Policies // set before the watcher starts
 	watcher, err := policy.NewWatcher(cfg.policyFile, policy.WatchOptions{
 		Interval: cfg.policyInterval, Logger: log, Registerer: reg,
-		OnChange: func(_, set *policy.Set) { svc.SetPolicy(set) },
+		OnChange: func(_, set *policy.Set) { policies.SetFile(set) },
 	})
 	if err != nil {
 		return err
 	}
 	defer watcher.Close()
 
-	store, probe, closeStore, err := openStore(cfg, log, reg)
+	store, overrides, probe, closeStore, err := openStore(cfg, log, reg)
 	if err != nil {
 		return err
 	}
 	defer closeStore()
 
-	svc = coordinator.NewService(store, watcher.Current(), coordinator.WithMetrics(metrics),
-		coordinator.WithLogger(log), coordinator.WithStoreTimeout(cfg.storeTimeout))
+	// The Service answers for the policy file with the runtime overrides of the store applied.
+	svc := coordinator.NewService(store, watcher.Current(), coordinator.WithMetrics(metrics),
+		coordinator.WithLogger(log), coordinator.WithStoreTimeout(cfg.storeTimeout),
+		coordinator.WithUnknownVersion(func(v string) bool { return policies.Miss(v) }))
+	policies = coordinator.NewPolicies(svc, watcher.Current(), overrides, log, cfg.storeTimeout)
+	rctx, cancel := context.WithTimeout(ctx, loadTimeout)
+	if err := policies.Refresh(rctx); err != nil {
+		log.Warn("could not read the runtime overrides at start; serving the policy file alone until a poll succeeds", zap.Error(err))
+	}
+	cancel()
 	watcher.Start()
+	pollCtx, stopPoll := context.WithCancel(context.Background())
+	var polling sync.WaitGroup
+	polling.Go(func() { policies.Run(pollCtx, cfg.overridesInterval) })
+	defer func() { stopPoll(); polling.Wait() }()
+
+	audit, closeAudit, err := openAudit(cfg.adminAuditLog, stderr)
+	if err != nil {
+		return err
+	}
+	defer closeAudit()
+	admin := coordinator.NewAdminService(coordinator.AdminConfig{Store: store, Overrides: overrides, Policies: policies,
+		Admins: cfg.admins, Audit: audit, Logger: log, StoreTimeout: cfg.storeTimeout})
+	if len(cfg.admins) == 0 {
+		log.Info("admin API off: no --admin-identities")
+	}
 
 	var serverTLS *tls.Config
 	if cfg.tlsCert != "" {
@@ -128,6 +151,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		TLS: serverTLS, Logger: log, Metrics: metrics, Probe: probe,
 		ProbeInterval: cfg.healthInterval, ProbeTimeout: cfg.storeTimeout,
 		ShutdownTimeout: cfg.shutdownTimeout,
+		Overrides:       coordinator.NewOverridesServer(policies), Admin: admin,
 	})
 	if healthLis != nil {
 		defer cli.ServeHealth(healthLis, srv.HealthServer(), log)()
@@ -143,9 +167,16 @@ func newLogger(w io.Writer, l cli.Logging) (*zap.Logger, error) {
 	}))
 }
 
-// openStore opens the configured store. probe is nil for the memory store (it always answers);
-// closeStore releases the store's connections or goroutine.
-func openStore(cfg *config, log *zap.Logger, reg prometheus.Registerer) (store coordinator.Store, probe func(context.Context) error, closeStore func(), err error) {
+// adminStore is a store with the admin operations: both stores are.
+type adminStore interface {
+	coordinator.Store
+	coordinator.AdminStore
+}
+
+// openStore opens the configured store and the runtime overrides beside it (the same Redis, or
+// this process's memory). probe is nil for the memory store (it always answers); closeStore
+// releases the store's connections or goroutine.
+func openStore(cfg *config, log *zap.Logger, reg prometheus.Registerer) (store adminStore, overrides coordinator.OverridesStore, probe func(context.Context) error, closeStore func(), err error) {
 	if cfg.store == storeMemory {
 		mem := memstore.New()
 		done := make(chan struct{})
@@ -165,19 +196,19 @@ func openStore(cfg *config, log *zap.Logger, reg prometheus.Registerer) (store c
 			}
 		})
 		log.Info("store: memory (this coordinator holds the buckets; run a single replica)")
-		return mem, nil, func() { close(done); wg.Wait() }, nil
+		return mem, memstore.NewOverrides(), nil, func() { close(done); wg.Wait() }, nil
 	}
 
 	opts, err := redisOptions(cfg.redis)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	redis.SetLogger(redisLog{log.Named("go-redis")})
 	client := redis.NewUniversalClient(opts)
 	rm, err := newRedisMetrics(reg)
 	if err != nil {
 		_ = client.Close()
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	rm.install(client)
 	rs := redisstore.New(client)
@@ -189,7 +220,28 @@ func openStore(cfg *config, log *zap.Logger, reg prometheus.Registerer) (store c
 	log.Info("store: redis", zap.String("topology", redisKind(client, cfg.redis.masterName)), zap.Strings("addrs", cfg.redis.addrs),
 		zap.String("master_name", cfg.redis.masterName), zap.Bool("tls", opts.TLSConfig != nil),
 		zap.String("user", cfg.redis.user))
-	return rs, redisProbe(client), func() { _ = client.Close() }, nil
+	return rs, rs, redisProbe(client), func() { _ = client.Close() }, nil
+}
+
+// openAudit returns the admin audit logger: JSON lines, never sampled, on stderr or appended to
+// a file.
+func openAudit(dest string, stderr io.Writer) (*zap.Logger, func(), error) {
+	var ws zapcore.WriteSyncer
+	closeFile := func() {}
+	if dest == "stderr" {
+		ws = zapcore.Lock(zapcore.AddSync(stderr))
+	} else {
+		f, err := os.OpenFile(dest, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--admin-audit-log: %w", err)
+		}
+		ws = zapcore.Lock(f)
+		closeFile = func() { _ = f.Close() }
+	}
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(enc), ws, zapcore.InfoLevel)).Named("audit")
+	return log, func() { _ = log.Sync(); closeFile() }, nil
 }
 
 // serveMetrics serves Prometheus /metrics on addr until the returned function stops it.

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -20,12 +21,17 @@ import (
 type Files struct {
 	CA                    string // the CA certificate
 	ServerCert, ServerKey string // for 127.0.0.1 and localhost
-	ClientCert, ClientKey string // a client certificate signed by the CA
+	ClientCert, ClientKey string // a client certificate signed by the CA (an agent's, CN "agent")
+	AdminCert, AdminKey   string // an operator's client certificate signed by the CA (CN "admin", URI AdminURI)
 	OtherCert, OtherKey   string // a client certificate signed by another CA (must be refused)
 }
 
-// WriteTestPKI writes a throwaway CA, a server certificate, a client certificate and a client
-// certificate of a foreign CA into dir, valid for a day. For tests and local demos only.
+// AdminURI is the URI subject alternative name of the test PKI's admin certificate.
+const AdminURI = "spiffe://leasebucket.test/admin"
+
+// WriteTestPKI writes a throwaway CA, a server certificate, an agent's and an admin's client
+// certificates and a client certificate of a foreign CA into dir, valid for a day. For tests and
+// local demos only.
 func WriteTestPKI(dir string) (Files, error) {
 	ca, caKey, err := newCA("leasebucket test CA")
 	if err != nil {
@@ -39,6 +45,7 @@ func WriteTestPKI(dir string) (Files, error) {
 		CA:         filepath.Join(dir, "ca.pem"),
 		ServerCert: filepath.Join(dir, "server.pem"), ServerKey: filepath.Join(dir, "server-key.pem"),
 		ClientCert: filepath.Join(dir, "client.pem"), ClientKey: filepath.Join(dir, "client-key.pem"),
+		AdminCert: filepath.Join(dir, "admin.pem"), AdminKey: filepath.Join(dir, "admin-key.pem"),
 		OtherCert: filepath.Join(dir, "other.pem"), OtherKey: filepath.Join(dir, "other-key.pem"),
 	}
 	if err := writePEM(f.CA, "CERTIFICATE", ca.Raw); err != nil {
@@ -51,6 +58,12 @@ func WriteTestPKI(dir string) (Files, error) {
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
 	client := &x509.Certificate{Subject: pkix.Name{CommonName: "agent"}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	adminURI, err := url.Parse(AdminURI)
+	if err != nil {
+		return Files{}, fmt.Errorf("tlsconfig: %w", err)
+	}
+	admin := &x509.Certificate{Subject: pkix.Name{CommonName: "admin"}, URIs: []*url.URL{adminURI},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
 	for _, c := range []struct {
 		tmpl              *x509.Certificate
 		parent            *x509.Certificate
@@ -59,6 +72,7 @@ func WriteTestPKI(dir string) (Files, error) {
 	}{
 		{server, ca, caKey, f.ServerCert, f.ServerKey},
 		{client, ca, caKey, f.ClientCert, f.ClientKey},
+		{admin, ca, caKey, f.AdminCert, f.AdminKey},
 		{&x509.Certificate{Subject: pkix.Name{CommonName: "intruder"}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}, other, otherKey, f.OtherCert, f.OtherKey},
 	} {
 		if err := issue(c.tmpl, c.parent, c.parentKey, c.certFile, c.keyFile); err != nil {
@@ -102,7 +116,7 @@ func issue(tmpl, parent *x509.Certificate, parentKey *ecdsa.PrivateKey, certFile
 		return fmt.Errorf("tlsconfig: %w", err)
 	}
 	t := template(tmpl.Subject.CommonName)
-	t.DNSNames, t.IPAddresses, t.ExtKeyUsage = tmpl.DNSNames, tmpl.IPAddresses, tmpl.ExtKeyUsage
+	t.DNSNames, t.IPAddresses, t.URIs, t.ExtKeyUsage = tmpl.DNSNames, tmpl.IPAddresses, tmpl.URIs, tmpl.ExtKeyUsage
 	der, err := x509.CreateCertificate(rand.Reader, t, parent, &key.PublicKey, parentKey)
 	if err != nil {
 		return fmt.Errorf("tlsconfig: certificate %s: %w", t.Subject.CommonName, err)

@@ -1,0 +1,109 @@
+-- admin.lua: the admin operations on one global bucket (coordinator.AdminStore): read it, or set
+-- its level. It touches KEYS[1] only and makes no network call. It keeps bucket.lua's meaning of
+-- the hash: the same logical expiry, the same expiry arithmetic; idempotency records and fields
+-- it does not know are left as they are.
+--
+-- KEYS[1]  the bucket: the hash bucket.lua writes (t tokens, l last refill, f fraction, x expiry,
+--          a:<agent> and r:<agent> records)
+-- ARGV     op ("inspect" | "set"), now ("" = Redis TIME);
+--          set: capacity, num, den (the bucket.Limit), level (microtokens), expiry_margin
+-- Returns  inspect: {now, HGETALL of the key}
+--          set:     {now, HGETALL before, HGETALL after}
+--
+-- Numbers are IEEE doubles kept integers below 2^53 (bucket.NewLimit's invariants, as in
+-- bucket.lua); they are written with %d.
+
+local key = KEYS[1]
+local op = ARGV[1]
+local injected = ARGV[2] ~= '' -- a test clock: no PEXPIRE, it is not wall time
+
+local now
+if injected then
+  now = tonumber(ARGV[2])
+else
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) -- time[2] < 10^6: exact
+end
+
+if op == 'inspect' then
+  return {now, redis.call('HGETALL', key)}
+end
+
+local capacity = tonumber(ARGV[3])
+local num = tonumber(ARGV[4]) -- refill: num microtokens every den ms; num == 0 never refills
+local den = tonumber(ARGV[5])
+local level = tonumber(ARGV[6]) -- 0 <= level <= capacity, checked by the caller
+local expiry_margin = tonumber(ARGV[7])
+
+-- floor(a / b) for integers 0 <= a, 1 <= b below 2^53, exactly (bucket.lua's idiv).
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q = q - 1
+  elseif r >= b then
+    q = q + 1
+  end
+  return q
+end
+
+-- ceil(a / b) for 0 <= a, 1 <= b (bucket.lua's ceil_div).
+local function ceil_div(a, b)
+  local q = idiv(a, b)
+  if q * b ~= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- ceil(amount * den / num) for 0 <= amount <= capacity, num > 0 (bucket.lua's time_for with no
+-- fraction): the ms until amount more microtokens are there.
+local function time_for(amount)
+  local q = idiv(amount, num)
+  local r = amount - q * num -- q*num <= amount
+  return q * den -- q*den <= capacity*den/num <= MaxFill = 2^45
+    + ceil_div(r * den, num) -- r*den < num*den <= 2^53 - 1
+end
+
+local function int(x)
+  return string.format('%d', x)
+end
+
+local before = redis.call('HGETALL', key)
+local h = redis.call('HMGET', key, 't', 'l', 'x')
+local tokens, last, expiry = tonumber(h[1]), tonumber(h[2]), tonumber(h[3])
+
+-- A key past its logical expiry is a full bucket with no records (bucket.lua drops it the same way).
+if tokens and expiry and now >= expiry then
+  redis.call('DEL', key)
+  tokens, last, expiry = nil, nil, nil
+end
+if not tokens or not last or now > last then
+  last = now -- the key clock never goes back
+end
+
+local has_expiry = level >= capacity or num > 0
+local fields = {'t', int(level), 'l', int(last), 'f', '0'}
+local new_expiry = 0
+if has_expiry then
+  local ttf = 0
+  if level < capacity then
+    ttf = time_for(capacity - level)
+  end
+  new_expiry = last + ttf + expiry_margin -- last < 2^52, ttf <= 2^45
+  fields[#fields + 1] = 'x'
+  fields[#fields + 1] = int(new_expiry)
+end
+redis.call('HSET', key, unpack(fields))
+if has_expiry then
+  if not injected then
+    redis.call('PEXPIRE', key, int(new_expiry - now)) -- >= expiry_margin: last >= now
+  end
+elseif expiry then
+  redis.call('HDEL', key, 'x')
+  if not injected then
+    redis.call('PERSIST', key)
+  end
+end
+
+return {now, before, redis.call('HGETALL', key)}
