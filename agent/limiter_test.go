@@ -34,6 +34,8 @@ import (
 //	                                   returns or Return items)
 //	tickets                            the checks waiting: each decided one's verdict (then
 //	                                   forgotten), or "waiting"
+//	give-up t=T                        the oldest waiting check stops waiting: its failure mode
+//	                                   answers it (Fallback)
 //	expire t=T                         sweep the whole table
 //	close                              retire everything (shutdown)
 //	stats
@@ -127,6 +129,17 @@ func TestLeaseCore(t *testing.T) {
 				}
 				tickets = kept
 				return b.String()
+			case "give-up":
+				for i, tk := range tickets {
+					select {
+					case <-tk.Ready():
+						continue
+					default:
+					}
+					tickets = append(tickets[:i], tickets[i+1:]...)
+					return showVerdict(l.Fallback(at(d), tk))
+				}
+				return "no check waits"
 			case "expire":
 				l.ExpireAll(at(d))
 				return "ok"

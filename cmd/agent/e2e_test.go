@@ -68,23 +68,48 @@ func TestCheckAdmissionCatchesOvershoot(t *testing.T) {
 
 // TestAdmissionBoundAcrossAgents: three agent processes behind two coordinators share one bucket
 // in a real Redis; clients hammer all three. The allowed checks, with their times, keep the
-// admission bound C + r·(w + τ) in every window.
+// admission bound in every window: C + r·(w + τ) with leases, C + r·w in direct mode (lease: off),
+// where every check is one atomic take and nothing is kept.
 func TestAdmissionBoundAcrossAgents(t *testing.T) {
 	redistest.Require(t)
-	rdb := redistest.Start(t)
-	policyFile, set := writePolicy(t)
-	coords := []*coordinatorNode{startCoordinator(t, policyFile, rdb.Addr()), startCoordinator(t, policyFile, rdb.Addr())}
-	var agents []*agentNode
-	for range 3 {
-		agents = append(agents, startAgent(t, policyFile, coords, "--max-wait", "500ms"))
+	for _, tc := range []struct{ rule, route string }{{"shared", "/shared"}, {"shared-direct", "/shared-direct"}} {
+		t.Run(tc.rule, func(t *testing.T) {
+			rdb := redistest.Start(t)
+			policyFile, set := writePolicy(t)
+			coords := []*coordinatorNode{startCoordinator(t, policyFile, rdb.Addr()), startCoordinator(t, policyFile, rdb.Addr())}
+			var agents []*agentNode
+			for range 3 {
+				agents = append(agents, startAgent(t, policyFile, coords, "--max-wait", "500ms"))
+			}
+			rule := set.Rule(tc.rule)
+			capacity := float64(rule.Quota.Burst)
+			rate := float64(rule.Quota.Requests) / rule.Quota.Period.Seconds()
+			var tau time.Duration
+			if !rule.Direct {
+				tau = lease.TTL(rule.Quota.Bucket)
+			}
+			allowed, outcomes := hammer(t, agents, &agentv1.CheckRequest{Tenant: "acme", Route: tc.route, Operation: "GET"}, 3*time.Second)
+			t.Logf("outcomes: %v", outcomes)
+			if outcomes["error"] > 0 {
+				t.Fatalf("%d checks failed", outcomes["error"])
+			}
+			if len(allowed) == 0 || outcomes[agentv1.Decision_DECISION_DENY.String()] == 0 {
+				t.Fatalf("want allows and denials from a bucket of %v at %v/s under this load: %v", capacity, rate, outcomes)
+			}
+			tightest, err := checkAdmission(allowed, capacity, rate, tau)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%d allowed; tightest window: %s", len(allowed), tightest)
+		})
 	}
-	rule := set.Rule("shared")
-	capacity := float64(rule.Quota.Burst)
-	rate := float64(rule.Quota.Requests) / rule.Quota.Period.Seconds()
-	tau := lease.TTL(rule.Quota.Bucket)
+}
 
+// hammer sends req from 4 clients per agent, each as fast as answers come (2 ms apart), for
+// duration, and returns the allowed checks with their times and the count of each outcome.
+func hammer(t *testing.T, agents []*agentNode, req *agentv1.CheckRequest, duration time.Duration) ([]admission, map[string]int) {
+	t.Helper()
 	const perAgent = 4
-	const duration = 3 * time.Second
 	var (
 		mu       sync.Mutex
 		allowed  []admission
@@ -95,7 +120,6 @@ func TestAdmissionBoundAcrossAgents(t *testing.T) {
 	for ai, a := range agents {
 		for range perAgent {
 			wg.Go(func() {
-				req := &agentv1.CheckRequest{Tenant: "acme", Route: "/shared", Operation: "GET"}
 				for time.Since(start) < duration {
 					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 					sent := time.Since(start)
@@ -119,18 +143,7 @@ func TestAdmissionBoundAcrossAgents(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	t.Logf("outcomes: %v", outcomes)
-	if outcomes["error"] > 0 {
-		t.Fatalf("%d checks failed", outcomes["error"])
-	}
-	if len(allowed) == 0 || outcomes[agentv1.Decision_DECISION_DENY.String()] == 0 {
-		t.Fatalf("want allows and denials from a bucket of %v at %v/s under this load: %v", capacity, rate, outcomes)
-	}
-	tightest, err := checkAdmission(allowed, capacity, rate, tau)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("%d allowed; tightest window: %s", len(allowed), tightest)
+	return allowed, outcomes
 }
 
 // outageRoutes are the e2e policy's two failure modes.

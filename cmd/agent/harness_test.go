@@ -65,6 +65,12 @@ rules:
     operations: [read]
     limit: 600/minute
     burst: 20
+  - name: shared-direct
+    routes: ["/shared-direct"]
+    operations: [read]
+    limit: 600/minute
+    burst: 20
+    lease: off
   - name: writes
     routes: ["/w/{id}"]
     operations: [write]
