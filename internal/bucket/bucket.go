@@ -118,6 +118,21 @@ func (l Limit) Refilled(elapsed Millis) Micro {
 	return add
 }
 
+// TimeFor is how long amount takes to refill at the bucket's rate from empty, rounded up, for
+// 0 <= amount <= capacity; 0 for a bucket that never refills.
+func (l Limit) TimeFor(amount Micro) Millis {
+	if l.num == 0 || amount <= 0 {
+		return 0
+	}
+	return l.timeFor(min(amount, l.capacity))
+}
+
+// Permille is x·p/1000 rounded down, for 0 <= x < 2^53 and 0 <= p <= 1000, without forming x·p
+// (which could pass 2^53): x/1000·p + (x%1000)·p/1000.
+func Permille(x Micro, p int64) Micro {
+	return Micro(int64(x)/WholeShare*p + int64(x)%WholeShare*p/WholeShare)
+}
+
 // Refills reports whether the bucket refills at all.
 func (l Limit) Refills() bool { return l.num > 0 }
 
@@ -222,9 +237,7 @@ func (s *State) TakeShare(l Limit, now Millis, want, least Micro, share int64, u
 	s.Refill(l, now)
 	capped := want
 	if share < WholeShare {
-		// tokens*share split as in added: tokens/1000*share + (tokens%1000)*share/1000, each < 2^53.
-		part := Micro(int64(s.Tokens)/WholeShare*share + int64(s.Tokens)%WholeShare*share/WholeShare)
-		capped = min(want, max(least, part))
+		capped = min(want, max(least, Permille(s.Tokens, share)))
 	}
 	switch {
 	case s.Tokens >= least:

@@ -182,3 +182,115 @@ func PerSecond(used bucket.Micro, elapsed time.Duration) bucket.Micro {
 	q, _ := bits.Div64(hi, lo, uint64(elapsed))
 	return bucket.Micro(min(q, uint64(maxDemand)))
 }
+
+// Contention: when a bucket runs low (a take would leave it below a quarter of its capacity,
+// Reserve) and its agents' demand is at least what it refills (the key is overloaded), the agents
+// compete for what it refills (and keep competing while it stays overloaded). A contended take is
+// cut to the agent's share of the key's demand (its reported demand over the sum of the demands
+// the bucket's agents reported within FreshLeases lifetimes) of what the bucket refilled since
+// the agent last took (about a lifetime) plus what it holds, and the agent is told to wait (the
+// pace) until its share of the refill has covered what it got, and at least the
+// others' share of a lifetime, before it asks again: each competing agent asks about once per
+// lifetime and gets its share, so the bucket's refill goes where the demand is, store operations
+// stay at one per agent and lifetime, and no agent retries a bucket others have just emptied. A
+// low bucket whose demand is below its rate is refilling: nothing is cut or paced, and its agents
+// keep their leases sized to their demand. The store applies the rule (it alone sees every
+// agent's demand) with the arithmetic below; the share cap (Share) gives way to it.
+const (
+	// FreshLeases is how long, in lease lifetimes, an agent's reported demand counts in a
+	// contended bucket's total: a competing agent asks about once per lifetime.
+	FreshLeases = 2
+
+	// MaxShareDemand bounds a demand in the share arithmetic, so that demand·1000 stays below
+	// 2^53 (in Redis' Lua doubles too): 8.8·10^12 µ/s, 8.8 million tokens a second.
+	MaxShareDemand = bucket.Micro(1) << 43
+
+	// Reserve: a take that would leave the bucket below 1/Reserve of its capacity finds it low
+	// (Low), and the store looks at the key's demand. A bucket whose agents' demand is below its
+	// rate stays above it (their leases are a small part of it). It is also where a grant is
+	// marked scarce (coordinator.Scarce).
+	Reserve = 4
+)
+
+// Low reports whether a take of want would leave a bucket of limit l holding tokens below
+// 1/Reserve of its capacity: the condition under which the store looks at the key's demand.
+func Low(l bucket.Limit, tokens, want bucket.Micro) bool {
+	return tokens-want < l.Capacity()/Reserve // tokens, want < 2^53: no overflow
+}
+
+// Contend is the contention rule for a take of want (at least least, whole units of unit) by an
+// agent reporting demand, on a bucket holding tokens, whose agents' fresh demands sum to total
+// (this agent's included; each clamped to MaxShareDemand); ttl is the lease lifetime; since is
+// the time since this agent last took (0 if it never did); competing says a take of the key was
+// contended within the last FreshLeases lifetimes. It returns the want
+// to take and the agent's share in permille; contended is false (want unchanged) when the bucket
+// is not low (Low) and its agents are not competing, the key is not overloaded (its demand over a
+// lifetime is below what the bucket refills in it), the plan keeps no lease (ttl 0: direct mode)
+// or the agent reported no demand. Once its agents compete, a key stays under the rule while it
+// is overloaded, whatever the bucket holds: the rule keeps the bucket where it was when they
+// began, and a bucket that drifted above the low mark would otherwise hand whole leases to some
+// while the others wait their turn.
+func Contend(l bucket.Limit, tokens, want, least, unit, demand, total bucket.Micro, ttl, since bucket.Millis, competing bool) (cut bucket.Micro, share int64, contended bool) {
+	if ttl <= 0 || demand <= 0 || want <= 0 || !(competing || Low(l, tokens, want)) {
+		return want, 0, false
+	}
+	d := min(demand, MaxShareDemand)
+	total = max(d, min(total, MaxShareDemand))
+	// total/1000 < 2^34, ttl <= 3·10^4 ms: the demand over a lifetime stays below 2^49.
+	if total/bucket.WholeShare*bucket.Micro(ttl) < l.Refilled(ttl) {
+		return want, 0, false // not overloaded: the bucket is refilling
+	}
+	share = int64(d) * bucket.WholeShare / int64(total) // d·1000 < 2^53
+	// Its share of what refilled since it last took (a lifetime if it never did or long ago, at
+	// most FreshLeases lifetimes): an agent that asks a little later than its pace gets that much
+	// more, so the competing agents together take what the bucket refills.
+	if since <= 0 || since > FreshLeases*ttl {
+		since = ttl
+	}
+	// And its share of what the bucket holds: the competing agents also share out what the bucket
+	// held when they began to compete (a bucket that runs low holds up to a lifetime's refill,
+	// C/Reserve = r·τ), rather than keep it there while their demand is refused — each take
+	// hands out a share of it, so it drains within a few lifetimes, as a bucket that admitted
+	// every check would. The sum is capped at the capacity (both terms are at most it).
+	refill := l.Refilled(since)
+	pool := l.Capacity()
+	if refill <= pool-tokens {
+		pool = refill + tokens
+	}
+	fair := bucket.Permille(pool, share)
+	// The lease is that share, whatever the agent asked for (it asked for its demand over half a
+	// lifetime, as an uncontended agent refills twice a lifetime; a competing one asks about once),
+	// but never more than its demand until it asks again (at most the longest pace, three quarters
+	// of a lifetime): what it has not spent by then goes back with its next take, credited less
+	// the refill since it was granted (bucket.State.Return) — on a bucket that refills a lifetime's
+	// worth in a lifetime, about nothing. d/1000 < 2^34, ttl <= 3·10^4 ms.
+	fair = min(fair, d/bucket.WholeShare*bucket.Micro(longestPace(ttl)))
+	fair -= fair % max(1, unit)
+	return max(least, fair), share, true
+}
+
+// longestPace is the longest an agent is paced: until a lease sized to its demand over its
+// lifetime is down to its low water (LowWater), three quarters of the lifetime; the agent's grant
+// is at most its demand over it.
+func longestPace(ttl bucket.Millis) bucket.Millis {
+	return ttl - bucket.Millis(int64(ttl)*LowWater/bucket.WholeShare)
+}
+
+// Pace is how long an agent whose share is share‰ waits after a contended take that got
+// amount (or, denied, would need amount) before it asks again: until its share of the bucket's
+// refill has covered amount, and at least the others' share of a lifetime ttl (that spaces the
+// competing agents' asks about a lifetime apart: asked sooner, a bucket the others share holds
+// less than any one's share of a lifetime, and the agents would settle on asking often for
+// little), at most until what it got is down to its low water (LowWater) at its demand: three
+// quarters of ttl.
+func Pace(l bucket.Limit, amount bucket.Micro, share int64, ttl bucket.Millis) bucket.Millis {
+	longest := longestPace(ttl)
+	tf := l.TimeFor(amount)
+	if share <= 0 || tf >= ttl {
+		return longest
+	}
+	// tf < ttl <= MaxTTL in ms, so tf·1000 and ttl·1000 are far below 2^53.
+	own := bucket.Millis((int64(tf)*bucket.WholeShare + share - 1) / share)
+	floor := bucket.Millis(int64(ttl) * (bucket.WholeShare - share) / bucket.WholeShare)
+	return min(longest, max(own, floor))
+}

@@ -123,3 +123,107 @@ func TestPerSecond(t *testing.T) {
 		}
 	}
 }
+
+// TestContend: the cases of the contention rule on the hot-key numbers (20,000/s, burst 20,000,
+// τ = 250 ms: a lifetime refills C/4).
+func TestContend(t *testing.T) {
+	const tok = bucket.PerToken
+	l := limit(t, 20_000, 20_000, time.Second)
+	ttl := bucket.Millis(TTL(l) / time.Millisecond)
+	for _, tc := range []struct {
+		name                        string
+		tokens, want, demand, total bucket.Micro
+		since                       bucket.Millis
+		competing                   bool
+		cut                         bucket.Micro
+		share                       int64
+		contended                   bool
+	}{
+		{name: "full bucket: not low, nothing cut", tokens: 20_000 * tok, want: 500 * tok, demand: 1000 * tok, total: 40_000 * tok,
+			cut: 500 * tok},
+		{name: "low but refilling: demand below the rate", tokens: 4000 * tok, want: 500 * tok, demand: 1000 * tok, total: 10_000 * tok,
+			cut: 500 * tok},
+		{name: "low and overloaded: its share of a lifetime's refill and of what the bucket holds", tokens: 1000 * tok, want: 5000 * tok,
+			demand: 1000 * tok, total: 40_000 * tok, since: ttl, cut: 150 * tok, share: 25, contended: true}, // (5000+1000)/40
+		{name: "competing on a bucket above the low mark", tokens: 10_000 * tok, want: 100 * tok, demand: 1000 * tok, total: 40_000 * tok,
+			since: ttl, competing: true, cut: 188 * tok, share: 25, contended: true}, // (5000+10000)/40 = 375, at most its demand until it asks again (188 ms): more than it asked
+		{name: "never took: a lifetime's refill", tokens: 0, want: 5000 * tok, demand: 20_000 * tok, total: 40_000 * tok,
+			cut: 2500 * tok, share: 500, contended: true},
+		{name: "the share rounds below least: least", tokens: 0, want: 5000 * tok, demand: 1 * tok, total: 40_000 * tok,
+			cut: 3 * tok, share: 0, contended: true},
+		{name: "direct mode (no lifetime): never contended", tokens: 0, want: 5 * tok, demand: 1000 * tok, total: 40_000 * tok,
+			cut: 5 * tok},
+	} {
+		ttl := ttl
+		if tc.name == "direct mode (no lifetime): never contended" {
+			ttl = 0
+		}
+		cut, share, contended := Contend(l, tc.tokens, tc.want, 3*tok, tok, tc.demand, tc.total, ttl, tc.since, tc.competing)
+		if cut != tc.cut || share != tc.share || contended != tc.contended {
+			t.Errorf("%s: Contend = %d µ, %d‰, %v; want %d µ, %d‰, %v", tc.name, cut, share, contended, tc.cut, tc.share, tc.contended)
+		}
+	}
+}
+
+// TestPace: a competing agent waits until its share of the refill covers what it got, at least
+// the others' share of a lifetime, at most until its lease is down to its low water (three
+// quarters of a lifetime).
+func TestPace(t *testing.T) {
+	const tok = bucket.PerToken
+	l := limit(t, 20_000, 20_000, time.Second) // 20 tokens a ms
+	const ttl, longest = 250, 188
+	for _, tc := range []struct {
+		amount bucket.Micro
+		share  int64
+		want   bucket.Millis
+	}{
+		{125 * tok, 25, longest}, // own: 7 ms of refill (rounded up) at 25‰ = 280 ms
+		{25 * tok, 25, longest},  // own: 2 ms at 25‰ = 80 ms; the others' share of a lifetime: 243.75 ms
+		{100 * tok, 500, 125},    // own: 5 ms / 0.5 = 10 ms; the others' half of a lifetime: 125 ms
+		{1000 * tok, 1000, 50},   // alone: the time the whole refill takes to cover it
+		{10_000 * tok, 1000, longest},
+		{1 * tok, 0, longest}, // no share
+	} {
+		if got := Pace(l, tc.amount, tc.share, ttl); got != tc.want {
+			t.Errorf("Pace(%d µ, %d‰) = %d ms, want %d", tc.amount, tc.share, got, tc.want)
+		}
+	}
+}
+
+// FuzzContend: whatever the inputs, a contended take is cut to no more than the agent's demand
+// over a lifetime or its share of the refill and the bucket, is never cut below least, and is whole
+// units above least; an uncontended take is unchanged; a pace is within [0, τ].
+func FuzzContend(f *testing.F) {
+	f.Add(int64(20_000), int64(20_000), int64(1000), uint64(1000), uint64(5000), uint64(3), uint64(1000), uint64(40_000), int64(250), int64(250), false)
+	f.Add(int64(10), int64(1), int64(60_000), uint64(0), uint64(10), uint64(1), uint64(1), uint64(1), int64(30_000), int64(0), true)
+	f.Fuzz(func(t *testing.T, burst, per, periodMs int64, tokens, want, least, demand, total uint64, ttl, since int64, competing bool) {
+		const tok = bucket.PerToken
+		if burst < 1 || burst > 1<<30 || per < 0 || per > 1<<30 || periodMs < 1 || periodMs > 1<<40 {
+			return
+		}
+		l, err := bucket.NewLimit(bucket.Micro(burst)*tok, bucket.Micro(per)*tok, bucket.Millis(periodMs))
+		if err != nil {
+			return
+		}
+		c := l.Capacity()
+		tk, w, le := bucket.Micro(tokens%uint64(c+1)), bucket.Micro(want%uint64(c+1)), bucket.Micro(least%uint64(c)+1)
+		d, tot := bucket.Micro(demand%uint64(maxDemand)), bucket.Micro(total%uint64(maxDemand))
+		ttl %= int64(MaxTTL/time.Millisecond) + 1
+		cut, share, contended := Contend(l, tk, w, le, tok, d, tot, bucket.Millis(ttl), bucket.Millis(since), competing)
+		if !contended {
+			if cut != w || share != 0 {
+				t.Fatalf("uncontended: cut %d (want %d), share %d", cut, w, share)
+			}
+			return
+		}
+		if share < 0 || share > bucket.WholeShare || ttl <= 0 || d <= 0 {
+			t.Fatalf("contended with share %d, ttl %d, demand %d", share, ttl, d)
+		}
+		if cut < le || cut > le && (cut > c || cut%tok != 0 || cut > min(d, MaxShareDemand)/bucket.WholeShare*bucket.Micro(longestPace(bucket.Millis(ttl)))) {
+			t.Fatalf("cut %d µ: least %d, capacity %d, demand %d µ/s over %d ms", cut, le, c, d, ttl)
+		}
+		if p := Pace(l, max(cut, 1), share, bucket.Millis(ttl)); p < 0 || p > bucket.Millis(ttl) {
+			t.Fatalf("Pace = %d ms, outside [0, %d]", p, ttl)
+		}
+	})
+}
