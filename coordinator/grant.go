@@ -29,5 +29,5 @@ func PlanGrant(limit bucket.Limit, cost bucket.Micro, direct bool, ask lease.Ask
 // told so keeps no lease it does not use: it hands back what it holds idle (docs/leases.md, "Many
 // agents on one key").
 func Scarce(p lease.Plan, limit bucket.Limit, granted, remaining bucket.Micro) bool {
-	return granted < p.Want || remaining < limit.Capacity()/4
+	return granted < p.Want || remaining < limit.Capacity()/lease.Reserve
 }

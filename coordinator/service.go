@@ -194,7 +194,8 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 			continue
 		}
 		t := TakeRequest{Key: res.key, Limit: res.limits.Bucket, Want: p.Want, Min: p.Least, Share: p.Share, Unit: p.Unit,
-			Credit: Credit{Amount: bucket.Micro(it.ReturnMicro), GrantedAt: bucket.Millis(it.ReturnGrantedAtMs)}, Op: op}
+			Credit: Credit{Amount: bucket.Micro(it.ReturnMicro), GrantedAt: bucket.Millis(it.ReturnGrantedAtMs)},
+			Demand: bucket.Micro(it.DemandMicroPerSecond), TTL: bucket.Millis(p.TTL / time.Millisecond), Op: op}
 		if err != nil || t.Validate() != nil || !seen.add(res.key) {
 			results[i] = &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_INVALID}
 			continue
@@ -268,6 +269,7 @@ func acquireResult(p lease.Plan, limit bucket.Limit, r TakeResult) *coordinatorv
 			Scarce:         true,
 			Replayed:       r.Replayed,
 			CreditedMicro:  int64(r.Credited),
+			PaceMs:         int64(r.Pace),
 		}
 	}
 	return &coordinatorv1.AcquireResult{
@@ -279,6 +281,7 @@ func acquireResult(p lease.Plan, limit bucket.Limit, r TakeResult) *coordinatorv
 		Scarce:         Scarce(p, limit, r.Granted, r.Remaining),
 		Replayed:       r.Replayed,
 		CreditedMicro:  int64(r.Credited),
+		PaceMs:         int64(r.Pace),
 	}
 }
 

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/lease"
 )
 
 // Store holds the global buckets. Each request acts atomically on one key; a batch is one round
@@ -61,6 +63,12 @@ const (
 // never below Min, and a grant cut below Want is rounded down to whole Units (0 means 1), never
 // below Min (State.TakeShare). Credit, if its Amount is positive, is a lease of the same key
 // handed back in the same atomic operation, credited (State.Return) before the take.
+//
+// Demand (µ per second, the agent's) and TTL (the lease lifetime; 0 for direct mode) feed the
+// contention rule (lease.Contend): when the bucket holds less than Want, the take is cut to the
+// agent's share of the key's demand of what the bucket refills over TTL, and the result's Pace
+// says how long the agent should wait before it asks again. The store keeps each agent's last
+// demand in its record of the key to sum the key's demand.
 type TakeRequest struct {
 	Key    string
 	Limit  bucket.Limit
@@ -69,6 +77,8 @@ type TakeRequest struct {
 	Share  int64
 	Unit   bucket.Micro
 	Credit Credit
+	Demand bucket.Micro
+	TTL    bucket.Millis
 	Op     OpID
 }
 
@@ -89,6 +99,9 @@ type TakeResult struct {
 	bucket.Result
 	// Credited is what the request's Credit was credited (after decay and the capacity cap).
 	Credited bucket.Micro
+	// Pace is how long the agent should wait before it asks for the key again (lease.Pace): set
+	// when the take was contended, 0 otherwise.
+	Pace bucket.Millis
 	// Now is the key's clock after the operation (Redis TIME, never earlier than the key's last
 	// refill): the grant time an agent echoes when it returns the lease.
 	Now      bucket.Millis
@@ -136,6 +149,10 @@ func (r *TakeRequest) Validate() error {
 		return fmt.Errorf("%w: key %q share %d‰ not in 0..1000", ErrInvalidRequest, r.Key, r.Share)
 	case r.Unit < 0 || r.Unit > r.Limit.Capacity():
 		return fmt.Errorf("%w: key %q unit %d µ not in 0..capacity", ErrInvalidRequest, r.Key, r.Unit)
+	case r.Demand < 0 || r.Demand > bucket.MaxExact:
+		return fmt.Errorf("%w: key %q demand %d µ/s", ErrInvalidRequest, r.Key, r.Demand)
+	case r.TTL < 0 || r.TTL > bucket.Millis(lease.MaxTTL/time.Millisecond):
+		return fmt.Errorf("%w: key %q lease lifetime %d ms not in 0..%d", ErrInvalidRequest, r.Key, r.TTL, lease.MaxTTL/time.Millisecond)
 	}
 	if err := r.Credit.validate(r.Key); err != nil {
 		return err

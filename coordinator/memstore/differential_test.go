@@ -20,6 +20,7 @@ import (
 	"github.com/leasebucket/leasebucket/coordinator/redisstore"
 	"github.com/leasebucket/leasebucket/coordinator/storetest"
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/lease"
 	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
 )
 
@@ -123,6 +124,7 @@ type diffRun struct {
 	records  [2]int            // records held per key after the last step
 	prev     [2]memstore.Entry // each key after the last step
 	sweeps   int               // batches after which a key held fewer records (a sweep ran)
+	paced    int               // takes the contention rule cut (a pace was answered)
 }
 
 // fewAgents is the agent pool of most sequences: replays and stale operations are frequent.
@@ -286,6 +288,11 @@ func (d *diffRun) takes() {
 			unit = between(d.src, 1, max(1, least))
 		}
 		reqs[i] = coordinator.TakeRequest{Key: d.keys[k], Limit: l, Want: want, Min: least, Share: share, Unit: unit, Op: d.op()}
+		if d.src.n(2) == 0 {
+			// The contention rule's inputs: the agent's demand and the lease lifetime.
+			reqs[i].Demand = pick(d.src, bucket.Micro(0), 1, between(d.src, 1, 10*l.Capacity()), lease.MaxShareDemand+between[bucket.Micro](d.src, 0, 1<<40))
+			reqs[i].TTL = pick(d.src, bucket.Millis(0), bucket.Millis(lease.MinTTL.Milliseconds()), between[bucket.Millis](d.src, 1, 30_000))
+		}
 		if d.src.n(3) == 0 {
 			// A lease of the key handed back in the same operation.
 			at := d.now - between(d.src, 0, l.FillTime()+10)
@@ -316,6 +323,9 @@ func (d *diffRun) takes() {
 		}
 		if g.Err == nil && g.Granted > 0 {
 			d.granted = append(d.granted, g.Now)
+		}
+		if g.Err == nil && g.Pace > 0 && !g.Replayed {
+			d.paced++
 		}
 	}
 }
@@ -362,7 +372,7 @@ func (d *diffRun) returns() {
 }
 
 func sameTake(a, b coordinator.TakeResult) bool {
-	return a.Result == b.Result && a.Credited == b.Credited && a.Now == b.Now && a.Replayed == b.Replayed && a.Stale == b.Stale
+	return a.Result == b.Result && a.Credited == b.Credited && a.Pace == b.Pace && a.Now == b.Now && a.Replayed == b.Replayed && a.Stale == b.Stale
 }
 
 func sameReturn(a, b coordinator.ReturnResult) bool {
@@ -412,10 +422,12 @@ func parseHash(fields map[string]string) (memstore.Entry, error) {
 			e.State.Frac = nums[0]
 		case f == "x" && len(nums) == 1:
 			e.Expiry, e.Expires = bucket.Millis(nums[0]), true
-		case strings.HasPrefix(f, "a:") && len(nums) == 6:
+		case f == "c" && len(nums) == 1:
+			e.CompeteUntil, e.Competes = bucket.Millis(nums[0]), true
+		case strings.HasPrefix(f, "a:") && len(nums) == 8:
 			e.Takes[f[2:]] = memstore.TakeRecord{Seq: uint64(nums[0]), Granted: bucket.Micro(nums[1]),
 				Remaining: bucket.Micro(nums[2]), RetryAfter: bucket.Millis(nums[3]), Credited: bucket.Micro(nums[4]),
-				Now: bucket.Millis(nums[5])}
+				Pace: bucket.Millis(nums[5]), Demand: bucket.Micro(nums[6]), Now: bucket.Millis(nums[7])}
 		case strings.HasPrefix(f, "r:") && len(nums) == 4:
 			e.Returns[f[2:]] = memstore.ReturnRecord{Seq: uint64(nums[0]), Credited: bucket.Micro(nums[1]),
 				Remaining: bucket.Micro(nums[2]), Now: bucket.Millis(nums[3])}
@@ -452,6 +464,7 @@ func TestDifferential(t *testing.T) {
 	}
 	const workers = 4
 	var next atomic.Int64
+	var paced atomic.Int64
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
@@ -464,10 +477,15 @@ func TestDifferential(t *testing.T) {
 				d := newDiffRun(t, rdb, src, "diff/"+strconv.FormatInt(seed, 10), fewAgents, 3)
 				d.logf("seed %d", seed)
 				d.run(steps)
+				paced.Add(int64(d.paced))
 			}
 		})
 	}
 	wg.Wait()
+	if !t.Failed() && paced.Load() == 0 {
+		t.Fatal("no take was contended: the test does not reach the contention rule")
+	}
+	t.Logf("%d contended takes", paced.Load())
 }
 
 // TestDifferentialCrowded plays sequences where hundreds of agents use the same keys, so that

@@ -13,8 +13,11 @@ type Entry struct {
 	State   bucket.State
 	Expiry  bucket.Millis // the logical expiry on the key clock; 0 unless Expires
 	Expires bool
-	Takes   map[string]takeRecord   // the last idempotent Take of each agent
-	Returns map[string]returnRecord // the last idempotent Return of each agent
+	// CompeteUntil is the key clock until which its agents compete, when Competes.
+	CompeteUntil bucket.Millis
+	Competes     bool
+	Takes        map[string]takeRecord   // the last idempotent Take of each agent
+	Returns      map[string]returnRecord // the last idempotent Return of each agent
 }
 
 // Lookup returns a copy of key's state as stored, without applying its expiry (an expired key is
@@ -27,7 +30,7 @@ func (s *Store) Lookup(key string) (Entry, bool) {
 	if !ok {
 		return Entry{}, false
 	}
-	out := Entry{State: e.state, Expiry: e.expiry, Expires: e.expires,
+	out := Entry{State: e.state, Expiry: e.expiry, Expires: e.expires, CompeteUntil: e.competeUntil, Competes: e.competes,
 		Takes: make(map[string]takeRecord, len(e.takes)), Returns: make(map[string]returnRecord, len(e.returns))}
 	for a, r := range e.takes {
 		out.Takes[a] = r

@@ -19,6 +19,7 @@ import (
 
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/lease"
 )
 
 // shardCount is a power of two well above the cores of a coordinator host, so two requests on
@@ -40,11 +41,15 @@ type shard struct {
 
 // entry is one key: what redisstore keeps in the key's hash.
 type entry struct {
-	state   bucket.State
-	expiry  bucket.Millis // the logical expiry on the key clock, when expires
-	expires bool
-	takes   map[string]takeRecord   // by agent; nil until the first idempotent Take
-	returns map[string]returnRecord // by agent; nil until the first idempotent Return
+	state bucket.State
+	// competeUntil is the key clock until which its agents compete (lease.Contend), once a take
+	// was contended (competes): the field c of bucket.lua.
+	competeUntil bucket.Millis
+	competes     bool
+	expiry       bucket.Millis // the logical expiry on the key clock, when expires
+	expires      bool
+	takes        map[string]takeRecord   // by agent; nil until the first idempotent Take
+	returns      map[string]returnRecord // by agent; nil until the first idempotent Return
 }
 
 // takeRecord is an agent's last idempotent Take on a key.
@@ -54,6 +59,8 @@ type takeRecord struct {
 	Credited   bucket.Micro
 	Remaining  bucket.Micro
 	RetryAfter bucket.Millis
+	Pace       bucket.Millis
+	Demand     bucket.Micro // the agent's last demand (clamped to lease.MaxShareDemand)
 	Now        bucket.Millis
 }
 
@@ -161,6 +168,7 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 				return coordinator.TakeResult{
 					Result:   bucket.Result{Granted: rec.Granted, Remaining: rec.Remaining, RetryAfter: rec.RetryAfter},
 					Credited: rec.Credited,
+					Pace:     rec.Pace,
 					Now:      rec.Now,
 					Replayed: true,
 				}
@@ -183,13 +191,42 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 		credited = e.state.Return(r.Limit, now, r.Credit.Amount, r.Credit.GrantedAt).Granted
 	}
 	res := bucket.Result{Remaining: e.state.Tokens}
+	var pace bucket.Millis
+	demand := min(r.Demand, lease.MaxShareDemand)
 	if !r.CreditOnly() {
-		res = e.state.TakeShare(r.Limit, now, r.Want, r.Min, share, max(1, r.Unit))
+		e.state.Refill(r.Limit, now)
+		unit, want := max(1, r.Unit), r.Want
+		var mine int64
+		contended := false
+		competing := e.competes && e.state.Last < e.competeUntil
+		if r.TTL > 0 && demand > 0 && (competing || lease.Low(r.Limit, e.state.Tokens, want)) {
+			var since bucket.Millis // since this agent's last take (0: none)
+			if prev, ok := e.takes[r.Op.Agent]; ok && r.Op.Agent != "" {
+				since = e.state.Last - prev.Now
+			}
+			want, mine, contended = lease.Contend(r.Limit, e.state.Tokens, want, r.Min, unit, demand,
+				e.totalDemand(r.Op.Agent, demand, e.state.Last, r.TTL), r.TTL, since, competing)
+		}
+		if contended {
+			e.competes, e.competeUntil = true, e.state.Last+lease.FreshLeases*r.TTL
+		}
+		if contended {
+			share = bucket.WholeShare // the contention rule replaces the share cap
+		}
+		res = e.state.TakeShare(r.Limit, now, want, r.Min, share, unit)
+		if contended {
+			// What it got, or, denied, what it needs.
+			amount := res.Granted
+			if amount == 0 {
+				amount = r.Min
+			}
+			pace = lease.Pace(r.Limit, amount, mine, r.TTL)
+		}
 	}
 	e.setExpiry(r.Limit)
 	if idem {
 		rec := takeRecord{Seq: r.Op.Seq, Granted: res.Granted, Credited: credited, Remaining: res.Remaining,
-			RetryAfter: res.RetryAfter, Now: e.state.Last}
+			RetryAfter: res.RetryAfter, Pace: pace, Demand: demand, Now: e.state.Last}
 		if e.takes == nil {
 			e.takes = make(map[string]takeRecord, 1)
 		}
@@ -200,7 +237,19 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 		}
 		e.sweepRecords()
 	}
-	return coordinator.TakeResult{Result: res, Credited: credited, Now: e.state.Last}
+	return coordinator.TakeResult{Result: res, Credited: credited, Pace: pace, Now: e.state.Last}
+}
+
+// totalDemand is the key's demand for the contention rule: agent's own and the last demand of
+// every other agent whose take is fresh (within lease.FreshLeases lifetimes of ttl at now).
+func (e *entry) totalDemand(agent string, own bucket.Micro, now, ttl bucket.Millis) bucket.Micro {
+	total := own
+	for a, rec := range e.takes {
+		if a != agent && now-rec.Now <= lease.FreshLeases*ttl {
+			total += rec.Demand
+		}
+	}
+	return total
 }
 
 func (sh *shard) ret(r *coordinator.ReturnRequest, now bucket.Millis) coordinator.ReturnResult {

@@ -154,7 +154,7 @@ func decodeHash(now bucket.Millis, v any) (coordinator.Snapshot, error) {
 	}
 	for name, val := range fields {
 		switch {
-		case name == "t" || name == "l" || name == "f" || name == "x":
+		case name == "t" || name == "l" || name == "f" || name == "x" || name == "c":
 		case strings.HasPrefix(name, "a:"):
 			// "seq granted remaining retry [credited] now": the time is always the last word.
 			if n, ok := ints(val, 5); ok {

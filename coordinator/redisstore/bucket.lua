@@ -7,18 +7,23 @@
 --   l          last refill (ms, the key clock)
 --   f          the fraction of a microtoken refilled but not yet credited, in 1/den µ
 --   x          logical expiry on the key clock; absent when the key never expires
---   a:<agent>  that agent's last Take:   "seq granted remaining retry credited now" (records
---              written before takes handed leases back have no credited field)
+--   c          the key clock until which its agents compete (lease.Contend); absent until a take
+--              was contended
+--   a:<agent>  that agent's last Take:   "seq granted remaining retry credited pace demand now"
+--              (records of older versions hold "seq granted remaining retry [credited] now"; the
+--              time is always the last word)
 --   r:<agent>  that agent's last Return: "seq credited remaining now"
 -- ARGV     op ("take" | "return"), capacity, num, den, fill (the bucket.Limit),
 --          take: want, least, share (1..1000) | return: amount, granted_at, 0,
 --          agent ("" = not idempotent), seq, now ("" = Redis TIME),
 --          record_keep, max_records, expiry_margin (coordinator constants),
 --          take: unit, ret_amount, ret_granted_at (a lease handed back before the take, in the
---          same operation; ret_amount 0 for none) | return: 1, 0, 0
--- Returns  {granted, remaining, retry_after, now, flags, credited}; flags: 1 replayed, 2 stale;
---          credited is what a take's handed-back lease was credited (0 for a return: its credit
---          is granted).
+--          same operation; ret_amount 0 for none), demand (µ/s, at most lease.MaxShareDemand),
+--          ttl (the lease lifetime in ms, 0 for direct mode) | return: 1, 0, 0, 0, 0
+-- Returns  {granted, remaining, retry_after, now, flags, credited, pace}; flags: 1 replayed,
+--          2 stale; credited is what a take's handed-back lease was credited (0 for a return:
+--          its credit is granted); pace is how long the agent waits before it asks again after a
+--          contended take (lease.Contend, lease.Pace), else 0.
 --
 -- Numbers are IEEE doubles. Every value below is an integer of magnitude at most 2^53 - 1, where a
 -- double is exact, so + - * and comparisons are exact; the bound is noted beside each
@@ -43,6 +48,10 @@ local expiry_margin = tonumber(ARGV[14])
 local unit = tonumber(ARGV[15]) -- take: grants cut below want are whole multiples of it
 local ret_amount = tonumber(ARGV[16]) -- take: unspent µ of a lease handed back first
 local ret_granted_at = tonumber(ARGV[17]) -- take: that lease's grant time (ms)
+local demand = tonumber(ARGV[18]) -- take: the agent's demand, µ/s (<= 2^43)
+local ttl = tonumber(ARGV[19]) -- take: the lease lifetime, ms (0: direct mode, no contention rule)
+local FRESH = 2 -- lease.FreshLeases
+local MAX_SHARE_DEMAND = 8796093022208 -- lease.MaxShareDemand, 2^43
 
 local WHOLE = 1000 -- bucket.WholeShare
 local NEVER = -1 -- bucket.Never
@@ -124,33 +133,40 @@ local rec_field = nil
 if agent ~= '' then
   rec_field = (op == 'take' and 'a:' or 'r:') .. agent
 end
-local h = redis.call('HMGET', key, 't', 'l', 'x', 'f', rec_field or 't')
+local h = redis.call('HMGET', key, 't', 'l', 'x', 'f', 'c', rec_field or 't')
 local tokens, last, expiry, frac = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4]) or 0
-local record = rec_field and h[5] or nil
+local compete_until = tonumber(h[5])
+local record = rec_field and h[6] or nil
 
 -- A key past its logical expiry is a full bucket with no records.
 if tokens and expiry and now >= expiry then
   redis.call('DEL', key)
-  tokens, last, expiry, frac, record = nil, nil, nil, 0, nil
+  tokens, last, expiry, frac, compete_until, record = nil, nil, nil, 0, nil, nil
 end
 
 -- Idempotency: a repeat of the agent's last operation is answered from its record; an older
 -- operation is stale. Neither changes anything.
+local took_at = nil -- the key clock of this agent's last take (lease.Contend)
 if record then
   local f = {}
   for w in string.gmatch(record, '%S+') do
     f[#f + 1] = tonumber(w)
   end
+  if op == 'take' then
+    took_at = f[#f] -- a record's time is its last word
+  end
   if f[1] == seq then
     if op == 'take' then
-      if #f == 6 then
-        return {f[2], f[3], f[4], f[6], REPLAYED, f[5]}
+      if #f == 8 then
+        return {f[2], f[3], f[4], f[8], REPLAYED, f[5], f[6]}
+      elseif #f == 6 then
+        return {f[2], f[3], f[4], f[6], REPLAYED, f[5], 0}
       end
-      return {f[2], f[3], f[4], f[5], REPLAYED, 0}
+      return {f[2], f[3], f[4], f[5], REPLAYED, 0, 0}
     end
-    return {f[2], f[3], 0, f[4], REPLAYED, 0}
+    return {f[2], f[3], 0, f[4], REPLAYED, 0, 0}
   elseif f[1] > seq then
-    return {0, tokens, 0, last, STALE, 0}
+    return {0, tokens, 0, last, STALE, 0, 0}
   end
 end
 
@@ -198,10 +214,81 @@ local function credit(amount, granted_at)
   return c
 end
 
-local granted, retry, credited = 0, 0, 0
+-- What an empty bucket refills in ms (Limit.Refilled): whole microtokens, at most the capacity.
+local function refilled(ms)
+  if ms <= 0 or num == 0 then
+    return 0
+  elseif ms >= fill then
+    return capacity
+  end
+  local add = added(ms, 0)
+  return add
+end
+
+-- x*p/1000 rounded down for 0 <= p <= 1000 without forming x*p (bucket.Permille).
+local function permille(x, p)
+  return idiv(x, WHOLE) * p -- <= x
+    + idiv((x - idiv(x, WHOLE) * WHOLE) * p, WHOLE) -- < 1000*1000
+end
+
+-- the longest pace (lease.Pace): three quarters of a lifetime (lease.LowWater = 250‰)
+local longest = ttl - idiv(ttl * 250, 1000)
+local granted, retry, credited, pace = 0, 0, 0, 0
 if op == 'take' then
   if ret_amount > 0 then
     credited = credit(ret_amount, ret_granted_at)
+  end
+  -- lease.Contend: a take that would leave the bucket low (below a quarter of its capacity,
+  -- lease.Reserve), or on a key whose agents compete (c), on a key whose agents' demand (its own
+  -- and every other agent's fresh take record) over a lifetime is at least what it refills
+  -- (overloaded), is cut to the agent's share of that demand of the refill over a lifetime.
+  local mine, contended = 0, false
+  local low = tokens - want < idiv(capacity, 4)
+  local competing = compete_until and last < compete_until
+  if want > 0 and ttl > 0 and demand > 0 and (low or competing) then
+    local total = demand
+    local all = redis.call('HGETALL', key)
+    for i = 1, #all, 2 do
+      if string.sub(all[i], 1, 2) == 'a:' and all[i] ~= rec_field then
+        local f = {}
+        for w in string.gmatch(all[i + 1], '%S+') do
+          f[#f + 1] = tonumber(w)
+        end
+        if #f == 8 and last - f[8] <= FRESH * ttl then
+          total = total + f[7] -- each <= 2^43, at most a few hundred records
+        end
+      end
+    end
+    total = math.max(demand, math.min(total, MAX_SHARE_DEMAND))
+    local refill = refilled(ttl)
+    -- overloaded: the demand over a lifetime (total/1000 < 2^34, ttl <= 30000) is at least the
+    -- refill in it
+    if idiv(total, WHOLE) * ttl >= refill then
+      mine = idiv(demand * WHOLE, total) -- demand*1000 < 2^53
+      -- its share of what refilled since it last took: a lifetime if it never did or long ago,
+      -- at most FRESH lifetimes
+      local since = ttl
+      if took_at and last - took_at > 0 and last - took_at <= FRESH * ttl then
+        since = last - took_at
+      end
+      -- and its share of what the bucket holds (the sum capped at the capacity, compared without
+      -- forming a sum above it)
+      local pool = refilled(since)
+      if pool <= capacity - tokens then
+        pool = pool + tokens
+      else
+        pool = capacity
+      end
+      local fair = permille(pool, mine)
+      -- that share whatever it asked for, at most its demand until it asks again: the longest pace
+      -- (demand/1000 < 2^34, ttl <= 30000)
+      fair = math.min(fair, idiv(demand, WHOLE) * longest)
+      fair = idiv(fair, unit) * unit -- whole units, <= fair
+      want = math.max(least, fair)
+      share = WHOLE -- the contention rule replaces the share cap
+      contended = true
+      compete_until = last + FRESH * ttl -- last < 2^52, ttl <= 30000
+    end
   end
   -- State.TakeShare (nothing to take when the request only hands a lease back)
   local capped = want
@@ -223,6 +310,24 @@ if op == 'take' then
   else
     retry = time_for(least - tokens, frac)
   end
+  if contended then
+    -- lease.Pace: until the agent's share of the refill covers what it got (or, denied, needs), at
+    -- least the others' share of a lifetime, at most three quarters of one.
+    local amount = granted
+    if amount == 0 then
+      amount = least
+    end
+    local tf = 0
+    if num > 0 then
+      tf = time_for(math.min(amount, capacity), 0)
+    end
+    if mine <= 0 or tf >= ttl then
+      pace = longest
+    else
+      -- tf < ttl <= 30000; at least the others' share of a lifetime
+      pace = math.min(longest, math.max(ceil_div(tf * WHOLE, mine), idiv(ttl * (WHOLE - mine), WHOLE)))
+    end
+  end
 else
   granted = credit(want, least)
 end
@@ -241,10 +346,14 @@ if has_expiry then
   fields[#fields + 1] = 'x'
   fields[#fields + 1] = int(new_expiry)
 end
+if compete_until then
+  fields[#fields + 1] = 'c'
+  fields[#fields + 1] = int(compete_until)
+end
 if rec_field then
   fields[#fields + 1] = rec_field
   if op == 'take' then
-    fields[#fields + 1] = string.format('%d %d %d %d %d %d', seq, granted, tokens, retry, credited, last)
+    fields[#fields + 1] = string.format('%d %d %d %d %d %d %d %d', seq, granted, tokens, retry, credited, pace, demand, last)
   else
     fields[#fields + 1] = string.format('%d %d %d %d', seq, granted, tokens, last)
   end
@@ -269,6 +378,9 @@ if rec_field then
   if has_expiry then
     records = records - 1
   end
+  if compete_until then
+    records = records - 1
+  end
   if records > max_records then
     local all = redis.call('HGETALL', key)
     for i = 1, #all, 2 do
@@ -283,4 +395,4 @@ if rec_field then
   end
 end
 
-return {granted, tokens, retry, last, 0, credited}
+return {granted, tokens, retry, last, 0, credited, pace}

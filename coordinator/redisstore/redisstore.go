@@ -34,6 +34,7 @@ import (
 
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/lease"
 )
 
 //go:embed bucket.lua
@@ -102,14 +103,14 @@ type call struct {
 // (take: want, least, share, and unit and the lease handed back first; return: amount,
 // granted_at), the operation id, the clock and the bounds of the idempotency records, in the
 // order of bucket.lua's ARGV.
-func newCall(item int, key, op string, l bucket.Limit, a, b, c int64, id coordinator.OpID, now any, unit int64, back coordinator.Credit) call {
+func newCall(item int, key, op string, l bucket.Limit, a, b, c int64, id coordinator.OpID, now any, unit int64, back coordinator.Credit, demand bucket.Micro, ttl bucket.Millis) call {
 	num, den := l.Rate()
 	return call{item: item, key: key, args: []any{
 		op, int64(l.Capacity()), num, den, int64(l.FillTime()),
 		a, b, c,
 		id.Agent, id.Seq, now,
 		int64(coordinator.RecordKeep), coordinator.MaxRecords, int64(coordinator.ExpiryMargin),
-		unit, int64(back.Amount), int64(back.GrantedAt),
+		unit, int64(back.Amount), int64(back.GrantedAt), int64(min(demand, lease.MaxShareDemand)), int64(ttl),
 	}}
 }
 
@@ -117,6 +118,7 @@ func newCall(item int, key, op string, l bucket.Limit, a, b, c int64, id coordin
 type reply struct {
 	bucket.Result
 	credited        bucket.Micro
+	pace            bucket.Millis
 	now             bucket.Millis
 	replayed, stale bool
 }
@@ -139,7 +141,7 @@ func (s *Store) Take(ctx context.Context, reqs []coordinator.TakeRequest) ([]coo
 		if share == 0 {
 			share = bucket.WholeShare
 		}
-		calls = append(calls, newCall(i, r.Key, "take", r.Limit, int64(r.Want), int64(r.Min), share, r.Op, now, int64(max(1, r.Unit)), r.Credit))
+		calls = append(calls, newCall(i, r.Key, "take", r.Limit, int64(r.Want), int64(r.Min), share, r.Op, now, int64(max(1, r.Unit)), r.Credit, r.Demand, r.TTL))
 	}
 	if err := s.exec(ctx, calls); err != nil {
 		return nil, fmt.Errorf("redisstore: take: %w", err)
@@ -150,7 +152,7 @@ func (s *Store) Take(ctx context.Context, reqs []coordinator.TakeRequest) ([]coo
 			res[c.item].Err = err
 			continue
 		}
-		res[c.item] = coordinator.TakeResult{Result: rep.Result, Credited: rep.credited, Now: rep.now, Replayed: rep.replayed, Stale: rep.stale}
+		res[c.item] = coordinator.TakeResult{Result: rep.Result, Credited: rep.credited, Pace: rep.pace, Now: rep.now, Replayed: rep.replayed, Stale: rep.stale}
 	}
 	return res, nil
 }
@@ -169,7 +171,7 @@ func (s *Store) Return(ctx context.Context, reqs []coordinator.ReturnRequest) ([
 			res[i].Err = fmt.Errorf("redisstore: return: %w", err)
 			continue
 		}
-		calls = append(calls, newCall(i, r.Key, "return", r.Limit, int64(r.Amount), int64(r.GrantedAt), 0, r.Op, now, 1, coordinator.Credit{}))
+		calls = append(calls, newCall(i, r.Key, "return", r.Limit, int64(r.Amount), int64(r.GrantedAt), 0, r.Op, now, 1, coordinator.Credit{}, 0, 0))
 	}
 	if err := s.exec(ctx, calls); err != nil {
 		return nil, fmt.Errorf("redisstore: return: %w", err)
@@ -339,10 +341,10 @@ func decode(cmd *redis.Cmd) (reply, error) {
 	if err != nil {
 		return reply{}, err
 	}
-	if len(vals) != 6 {
-		return reply{}, fmt.Errorf("script answered %d values, want 6", len(vals))
+	if len(vals) != 7 {
+		return reply{}, fmt.Errorf("script answered %d values, want 7", len(vals))
 	}
-	var n [6]int64
+	var n [7]int64
 	for i, v := range vals {
 		x, ok := v.(int64)
 		if !ok {
@@ -353,6 +355,7 @@ func decode(cmd *redis.Cmd) (reply, error) {
 	return reply{
 		Result:   bucket.Result{Granted: bucket.Micro(n[0]), Remaining: bucket.Micro(n[1]), RetryAfter: bucket.Millis(n[2])},
 		credited: bucket.Micro(n[5]),
+		pace:     bucket.Millis(n[6]),
 		now:      bucket.Millis(n[3]),
 		replayed: n[4]&flagReplayed != 0,
 		stale:    n[4]&flagStale != 0,

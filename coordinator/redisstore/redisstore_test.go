@@ -86,7 +86,7 @@ func TestKeyLayout(t *testing.T) {
 		"l":         d(int64(now)),
 		"f":         d(st.Frac),
 		"x":         d(int64(now + ttf + coordinator.ExpiryMargin)),
-		"a:agent-1": "9007199254740991 " + d(int64(tr.Granted)) + " " + d(int64(tr.Remaining)) + " 0 0 " + d(int64(now-3)),
+		"a:agent-1": "9007199254740991 " + d(int64(tr.Granted)) + " " + d(int64(tr.Remaining)) + " 0 0 0 0 " + d(int64(now-3)),
 		"r:agent-1": "2 " + d(int64(rr.Granted)) + " " + d(int64(rr.Remaining)) + " " + d(int64(now)),
 	}
 	if st.Tokens < 1<<50 || ttf <= 0 {

@@ -62,13 +62,17 @@ type want struct {
 	retry              bucket.Millis
 	now                bucket.Millis
 	replayed, stale    bool
-	credited           bucket.Micro // Take: what its handed-back lease was credited
+	credited           bucket.Micro  // Take: what its handed-back lease was credited
+	pace               bucket.Millis // Take: the pace of a contended take
 }
 
 func (w want) String() string {
 	s := fmt.Sprintf("{granted=%d remaining=%d retry=%d now=%d", w.granted, w.remaining, w.retry, w.now)
 	if w.credited != 0 {
 		s += fmt.Sprintf(" credited=%d", w.credited)
+	}
+	if w.pace != 0 {
+		s += fmt.Sprintf(" pace=%d", w.pace)
 	}
 	if w.replayed {
 		s += " replayed"
@@ -115,7 +119,7 @@ func TakeResultString(r coordinator.TakeResult) string {
 }
 
 func takeWant(r coordinator.TakeResult) want {
-	return want{r.Granted, r.Remaining, r.RetryAfter, r.Now, r.Replayed, r.Stale, r.Credited}
+	return want{r.Granted, r.Remaining, r.RetryAfter, r.Now, r.Replayed, r.Stale, r.Credited, r.Pace}
 }
 
 // ReturnResultString formats a result for failure messages.
@@ -123,7 +127,7 @@ func ReturnResultString(r coordinator.ReturnResult) string {
 	if r.Err != nil {
 		return "error " + r.Err.Error()
 	}
-	return want{r.Granted, r.Remaining, r.RetryAfter, r.Now, r.Replayed, r.Stale, 0}.String()
+	return want{r.Granted, r.Remaining, r.RetryAfter, r.Now, r.Replayed, r.Stale, 0, 0}.String()
 }
 
 func (f *fixture) takes(reqs ...coordinator.TakeRequest) []coordinator.TakeResult {
@@ -164,7 +168,7 @@ func (f *fixture) take(r coordinator.TakeRequest, w want) coordinator.TakeResult
 func (f *fixture) ret(r coordinator.ReturnRequest, w want) coordinator.ReturnResult {
 	f.t.Helper()
 	got := f.returns(r)[0]
-	if got.Err != nil || (want{got.Granted, got.Remaining, got.RetryAfter, got.Now, got.Replayed, got.Stale, 0}) != w {
+	if got.Err != nil || (want{got.Granted, got.Remaining, got.RetryAfter, got.Now, got.Replayed, got.Stale, 0, 0}) != w {
 		f.t.Fatalf("at %d: %s = %s, want %s", f.now, ReturnString(r), ReturnResultString(got), w)
 	}
 	return got
@@ -292,6 +296,48 @@ var cases = []testCase{
 		if got := f.takes(take("k", l, 0, 0))[0]; !errors.Is(got.Err, coordinator.ErrInvalidRequest) {
 			f.t.Fatalf("take of 0 with no credit = %s, want ErrInvalidRequest", TakeResultString(got))
 		}
+	}},
+	{"Contention", func(f *fixture) {
+		l := limit(f.t, 10*tok, tok, 100) // 10 tokens a second: 10 refill over a lifetime of 1 s
+		const ttl = 1000
+		take := func(agent string, seq uint64, want, least, demand bucket.Micro) coordinator.TakeRequest {
+			return coordinator.TakeRequest{Key: "k", Limit: l, Want: want, Min: least, Unit: tok, Demand: demand, TTL: ttl,
+				Op: coordinator.OpID{Agent: agent, Seq: seq}}
+		}
+		// b takes 6 of 10, the bucket covers it and keeps a quarter: no contention.
+		f.take(take("b", 1, 6*tok, tok, 3*tok), want{granted: 6 * tok, remaining: 4 * tok, now: f.now})
+		// a wants 8 of 4: contended. a's demand is 9 of the key's 12 tokens/s (overloaded: more than
+		// the 10 it refills): 750‰ of the 10 the bucket refills over a lifetime, 7 whole tokens, cut
+		// to the 4 held; a waits until 750‰ of the refill covers 4 tokens: 400 ms at the full rate,
+		// 534 at its share (more than its floor, the others' 250‰ of a lifetime).
+		r := take("a", 1, 8*tok, tok, 9*tok)
+		f.take(r, want{granted: 4 * tok, remaining: 0, now: f.now, pace: 534})
+		f.take(r, want{granted: 4 * tok, remaining: 0, now: f.now, pace: 534, replayed: true})
+		// b, denied: its 250‰ share needs 400 ms for a token, but on an overloaded key it waits at
+		// least the others' share of a lifetime, 750 ms.
+		f.take(take("b", 2, 5*tok, tok, 3*tok), want{retry: 100, now: f.now, pace: 750})
+		// A second later the bucket is full again and a asks for 3: not low, but the key's agents
+		// compete and it is still overloaded, so a stays under the rule: its lease is its share of
+		// what refilled since it last took (750‰ of 10 tokens, 7 whole ones; its demand over a
+		// lifetime, 9, does not cut it), whatever it asked for, paced 934 ms (700 ms of refill at
+		// its 750‰).
+		f.advance(1000)
+		f.take(take("a", 2, 3*tok, tok, 9*tok), want{granted: 7 * tok, remaining: 3 * tok, now: f.now, pace: 934})
+		// Two lifetimes later a's demand is stale: b alone asks for 3 tokens/s, less than the
+		// bucket refills: it is refilling, nothing is cut or paced.
+		f.advance(2*ttl + 1)
+		f.take(take("b", 3, 12*tok, tok, 3*tok), want{granted: 10 * tok, remaining: 0, now: f.now})
+		// b alone over the rate: its share is the whole refill (10 tokens), paced until the refill
+		// covers what it got (no others, no floor).
+		f.advance(500)
+		f.take(take("b", 4, 12*tok, tok, 30*tok), want{granted: 5 * tok, remaining: 0, now: f.now, pace: 500})
+		// Direct mode (no lifetime) and a take without demand are never paced.
+		f.advance(1000)
+		r = take("c", 1, 12*tok, tok, tok)
+		r.TTL = 0
+		f.take(r, want{granted: 10 * tok, remaining: 0, now: f.now})
+		f.advance(1000)
+		f.take(take("d", 1, 12*tok, tok, 0), want{granted: 10 * tok, remaining: 0, now: f.now})
 	}},
 	{"ReturnDecayAndCap", func(f *fixture) {
 		l := limit(f.t, 10*tok, tok, 100)

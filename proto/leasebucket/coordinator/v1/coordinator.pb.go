@@ -363,6 +363,10 @@ type AcquireResult struct {
 	Replayed bool `protobuf:"varint,8,opt,name=replayed,proto3" json:"replayed,omitempty"`
 	// Microtokens the item's handed-back lease was credited (after decay and the capacity cap).
 	CreditedMicro int64 `protobuf:"varint,9,opt,name=credited_micro,json=creditedMicro,proto3" json:"credited_micro,omitempty"`
+	// When the bucket could not cover the item (agents compete for it): milliseconds the agent
+	// waits before it asks for this key again, until its share of the refill covers what it got
+	// (or, denied, needs); 0 otherwise (docs/leases.md, "Many agents on one key").
+	PaceMs        int64 `protobuf:"varint,10,opt,name=pace_ms,json=paceMs,proto3" json:"pace_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -456,6 +460,13 @@ func (x *AcquireResult) GetReplayed() bool {
 func (x *AcquireResult) GetCreditedMicro() int64 {
 	if x != nil {
 		return x.CreditedMicro
+	}
+	return 0
+}
+
+func (x *AcquireResult) GetPaceMs() int64 {
+	if x != nil {
+		return x.PaceMs
 	}
 	return 0
 }
@@ -772,7 +783,7 @@ const file_leasebucket_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\tmin_micro\x18\x03 \x01(\x03R\bminMicro\x125\n" +
 	"\x17demand_micro_per_second\x18\x04 \x01(\x03R\x14demandMicroPerSecond\x12!\n" +
 	"\freturn_micro\x18\x05 \x01(\x03R\vreturnMicro\x12/\n" +
-	"\x14return_granted_at_ms\x18\x06 \x01(\x03R\x11returnGrantedAtMs\"\xd5\x02\n" +
+	"\x14return_granted_at_ms\x18\x06 \x01(\x03R\x11returnGrantedAtMs\"\xee\x02\n" +
 	"\rAcquireResult\x12:\n" +
 	"\x06status\x18\x01 \x01(\x0e2\".leasebucket.coordinator.v1.StatusR\x06status\x12#\n" +
 	"\rgranted_micro\x18\x02 \x01(\x03R\fgrantedMicro\x12\x15\n" +
@@ -782,7 +793,9 @@ const file_leasebucket_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\rgranted_at_ms\x18\x06 \x01(\x03R\vgrantedAtMs\x12\x16\n" +
 	"\x06scarce\x18\a \x01(\bR\x06scarce\x12\x1a\n" +
 	"\breplayed\x18\b \x01(\bR\breplayed\x12%\n" +
-	"\x0ecredited_micro\x18\t \x01(\x03R\rcreditedMicro\"\x9a\x01\n" +
+	"\x0ecredited_micro\x18\t \x01(\x03R\rcreditedMicro\x12\x17\n" +
+	"\apace_ms\x18\n" +
+	" \x01(\x03R\x06paceMs\"\x9a\x01\n" +
 	"\x0fAcquireResponse\x12C\n" +
 	"\aresults\x18\x01 \x03(\v2).leasebucket.coordinator.v1.AcquireResultR\aresults\x12B\n" +
 	"\areturns\x18\x02 \x03(\v2(.leasebucket.coordinator.v1.ReturnResultR\areturns\"\xa1\x01\n" +
