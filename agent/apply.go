@@ -173,7 +173,9 @@ func (l *Limiter) grantLocked(now clock.Nanos, c *Call, e *entry, res *coordinat
 	if e.fail != nil {
 		e.fail.count, e.fail.until = 0, 0
 	}
-	e.deniedUntil.Store(0)
+	// A contended grant paces the key: once what it got is spent, checks are refused locally
+	// until the agent's share of the bucket's refill has covered it (docs/leases.md).
+	e.deniedUntil.Store(int64(l.paceUntil(now, e, res.PaceMs)))
 	e.level = bucket.Micro(res.RemainingMicro)
 	e.setRemainingLocked()
 	if g <= 0 {
@@ -219,6 +221,15 @@ func (l *Limiter) grantLocked(now clock.Nanos, c *Call, e *entry, res *coordinat
 	e.installLocked(n)
 }
 
+// paceUntil is when a key whose grant said paceMs may ask again; 0 when it is not paced (the
+// bucket covered the grant) or keeps no lease (direct mode: each check is its own take).
+func (l *Limiter) paceUntil(now clock.Nanos, e *entry, paceMs int64) clock.Nanos {
+	if paceMs <= 0 || e.direct {
+		return 0
+	}
+	return now + clock.Nanos(paceMs)*clock.Nanos(time.Millisecond)
+}
+
 // serveLocked allows the waiting checks of e from tokens, in order, while they fit, and returns
 // what is left. Checks that do not fit keep waiting.
 func (l *Limiter) serveLocked(tokens bucket.Micro, e *entry) bucket.Micro {
@@ -245,6 +256,9 @@ func (l *Limiter) deniedLocked(now clock.Nanos, e *entry, res *coordinatorv1.Acq
 		retry = neverRetry
 	}
 	if !e.direct {
+		if pace := time.Duration(res.PaceMs) * time.Millisecond; pace > retry {
+			retry = pace // agents compete: this one waits for its share of the refill
+		}
 		e.deniedUntil.Store(int64(now) + int64(retry))
 	}
 	e.level = bucket.Micro(res.RemainingMicro)
@@ -253,6 +267,7 @@ func (l *Limiter) deniedLocked(now clock.Nanos, e *entry, res *coordinatorv1.Acq
 		e.fail.count = 0
 	}
 	for _, t := range e.waiting {
+		e.refused += bucket.Micro(t.cost)
 		t.decideLocked(l.shadow(e, Verdict{Outcome: Deny, RetryAfter: retry}))
 	}
 	e.waiting = dropFront(e.waiting, len(e.waiting))

@@ -178,8 +178,9 @@ func (l *Limiter) acquireItem(now clock.Nanos, v *view, e *entry) *coordinatorv1
 			// installing the waiting lease clears it (promoteLocked).
 			return nil
 		}
-		if e.usableLocked(now, e.lowWater.Load()) {
-			// A prefetch no longer needed: the prefetched lease was installed meanwhile.
+		if e.usableLocked(now, e.lowWater.Load()) || now < clock.Nanos(e.deniedUntil.Load()) {
+			// A prefetch no longer needed (the prefetched lease was installed meanwhile), or not
+			// yet allowed (the key is paced: its share of the bucket's refill is not there yet).
 			e.refilling.Store(false)
 			return nil
 		}
@@ -354,17 +355,17 @@ func (l *Limiter) resendable(batch []*entry) (seq uint64, sentAt clock.Nanos, re
 }
 
 // sampleDemandLocked updates the entry's demand estimate (µ per second) from what it consumed
-// since the last sample: the level then, plus what was granted, minus what was handed back,
-// minus the level now. A sample spans at least lease.MinSample: refills that come sooner leave it
-// open and accumulating.
+// since the last sample — the level then, plus what was granted, minus what was handed back,
+// minus the level now — and what its checks were refused over the limit. A sample spans at least
+// lease.MinSample: refills that come sooner leave it open and accumulating.
 func (l *Limiter) sampleDemandLocked(now clock.Nanos, e *entry) bucket.Micro {
 	level := bucket.Micro(e.tokens.Load()) + e.next.tokens
 	switch elapsed := (now - e.sampledAt).Duration(); {
 	case !e.sampled:
 		e.acct, e.sampledAt, e.sampled = level, now, true
 	case elapsed >= lease.MinSample:
-		e.demand.Observe(max(0, e.acct-level), elapsed)
-		e.acct, e.sampledAt = level, now
+		e.demand.Observe(max(0, e.acct-level)+e.refused, elapsed)
+		e.acct, e.sampledAt, e.refused = level, now, 0
 	}
 	return e.demand.Rate()
 }

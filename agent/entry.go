@@ -54,9 +54,12 @@ type entry struct {
 	waiting   []*Ticket     // checks waiting for a refill, first come first served
 	back      handBack      // unspent leases to hand back
 	// Demand: acct is the level held at the last sample plus what was granted and minus what was
-	// handed back since, so acct - level now is what was spent.
+	// handed back since, so acct - level now is what was spent; refused is what the checks
+	// refused over the limit (denied or paced) since asked for: the demand counts both, so a key
+	// over its limit reports what its clients ask, not what it was given.
 	demand    lease.Demand
 	acct      bucket.Micro
+	refused   bucket.Micro
 	sampledAt clock.Nanos
 	sampled   bool
 	queued    bool   // in the Limiter's refill queue
@@ -96,7 +99,10 @@ type handBack struct {
 }
 
 // add merges the unspent tokens of a lease granted at grantedAt (arrived at recvAt). Two leases
-// go back as one credited as the older grant: more decay, never more than the two apart.
+// go back as one, credited as of the older grant: a + b less the refill since t1. That can be more
+// than the two apart ((a less the refill since t1) + (b less the refill since t2)), and is still
+// sound: had both sat in the bucket from their grants, the cap would have stopped at most the
+// refill since t1 of them, so they would hold at least a + b less it (docs/leases.md, returns).
 func (b *handBack) add(amount bucket.Micro, grantedAt bucket.Millis, recvAt clock.Nanos) {
 	if amount <= 0 {
 		return

@@ -1,7 +1,9 @@
 package agent_test
 
 import (
+	"bytes"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -37,7 +39,21 @@ func show(v agent.Verdict) string {
 // bucket (3 degraded allows), then answers 429. When the global state is back, checks are allowed
 // again.
 func TestFailureModes(t *testing.T) {
-	set := loadPolicy(t, examplePolicy)
+	// The example's writes at 100 a second rather than 30 a minute: the warm-up's checks, 20 a
+	// second, then stay below the rate, and the agent is not paced (docs/leases.md) when the
+	// outage begins — a paced agent refuses locally without asking anyone.
+	data, err := os.ReadFile(examplePolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const slow = "limit: 30/minute\n    burst: 10\n    on_failure: deny"
+	if !bytes.Contains(data, []byte(slow)) {
+		t.Fatalf("%s: orders-write no longer reads %q", examplePolicy, slow)
+	}
+	set, err := policy.Parse(examplePolicy, bytes.Replace(data, []byte(slow), []byte("limit: 100/second\n    burst: 10\n    on_failure: deny"), 1))
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, outage := range []string{"coordinator", "store", "store-keys"} {
 		for _, route := range []struct {
 			path, op, rule string
@@ -58,12 +74,15 @@ func TestFailureModes(t *testing.T) {
 					return v
 				}
 				// A key with no demand holds no lease: checks over more than a demand sample
-				// (lease.MinSample) make it hold one, which the outage is then served from.
+				// (lease.MinSample) make it hold one, which the outage is then served from. The
+				// store's clock moves a minute each time, so the bucket is full for each refill
+				// (a bucket that runs low paces the agent, docs/leases.md).
 				var held bucket.Micro
 				for i := 0; held < bucket.PerToken; i++ {
 					if i == 20 {
 						t.Fatalf("agent holds %d µ after %d checks, want a lease of a token or more", held, i)
 					}
+					s.storeMs.Add(60_000)
 					if v := decide(); v.Outcome != agent.Allow || v.Degraded {
 						t.Fatalf("check %d = %s, want allow", i, show(v))
 					}

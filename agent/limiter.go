@@ -239,9 +239,6 @@ func (l *Limiter) slowCheck(now clock.Nanos, e *entry, c int64) Verdict {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for {
-		if until := clock.Nanos(e.deniedUntil.Load()); now < until {
-			return l.shadow(e, Verdict{Outcome: Deny, RetryAfter: (until - now).Duration()})
-		}
 		if e.dead.Load() {
 			// Evicted or its view closed while we looked: the caller checks again and finds the
 			// live entry of the current view.
@@ -258,6 +255,12 @@ func (l *Limiter) slowCheck(now clock.Nanos, e *entry, c int64) Verdict {
 		}
 		if l.promoteLocked(now, e) {
 			continue
+		}
+		// Denied, or paced (agents compete for the bucket and this one had its share): answer
+		// locally until then.
+		if until := clock.Nanos(e.deniedUntil.Load()); now < until {
+			e.refused += bucket.Micro(c)
+			return l.shadow(e, Verdict{Outcome: Deny, RetryAfter: (until - now).Duration()})
 		}
 		if exp := e.expires.Load(); exp != 0 && int64(now) >= exp {
 			// Expired: hand back what is left now rather than at the next sweep.

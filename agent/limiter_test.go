@@ -25,8 +25,8 @@ import (
 //	call t=T                           the next call the core sends (NextCall); it is in flight
 //	respond t=T [seq=N] [error=unavailable|deadline|invalid|unknown-version]
 //	                                   the reply to the call in flight with seq N (the oldest)
-//	  ok granted=G ttl=MS [remaining=R] [at=MS] [credited=C] [scarce]
-//	  denied retry=MS [remaining=R] [credited=C]
+//	  ok granted=G ttl=MS [remaining=R] [at=MS] [credited=C] [pace=MS] [scarce]
+//	  denied retry=MS [remaining=R] [credited=C] [pace=MS]
 //	  store-unavailable | unknown-route | stale
 //	                                   one line per item of an Acquire, µ or tokens (t suffix),
 //	  returned credited=C | return-failed
@@ -313,6 +313,8 @@ func parseResult(t *testing.T, line string) *coordinatorv1.AcquireResult {
 			r.GrantedAtMs = micro(t, v)
 		case "credited":
 			r.CreditedMicro = micro(t, v)
+		case "pace":
+			r.PaceMs = micro(t, v)
 		case "scarce":
 			r.Scarce = true
 		default:
