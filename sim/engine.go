@@ -269,9 +269,12 @@ func (w *world) finish() *Result {
 	r := &w.res
 	for _, n := range w.nodes {
 		if n.inc != nil {
-			held := w.autopsy(n.inc, w.now)
+			held := w.autopsy(n.inc, w.now, false)
 			r.Loss.HeldAtEnd += held
 		}
+	}
+	for _, k := range w.keys {
+		w.matchFalseDenies(k)
 	}
 	for _, inc := range w.incs {
 		r.Loss.Granted += inc.granted

@@ -14,7 +14,8 @@ type Counts struct {
 	IdealTokens    int64 // tokens the ideal limiter admitted
 	Allowed        int64 // requests admitted from leases
 	Denied         int64 // 429 from leases or the deny cache
-	FalseDenied    int64 // of Denied: the key's tokens sat elsewhere (in its bucket or another agent's lease)
+	FalseDenied    int64 // of Denied: tokens of the key sat unused and were wasted meanwhile (falsedeny.go)
+	HeldElsewhere  int64 // of Denied: tokens of the key sat in its bucket or another agent's lease
 	Unavailable    int64 // 503: a fail-closed rule without its global state
 	Degraded       int64 // admitted by an emergency bucket
 	DegradedDenied int64 // 429 from an empty emergency bucket
@@ -31,6 +32,7 @@ func (c *Counts) add(o *Counts) {
 	c.Allowed += o.Allowed
 	c.Denied += o.Denied
 	c.FalseDenied += o.FalseDenied
+	c.HeldElsewhere += o.HeldElsewhere
 	c.Unavailable += o.Unavailable
 	c.Degraded += o.Degraded
 	c.DegradedDenied += o.DegradedDenied
@@ -274,7 +276,8 @@ func (r *Result) Underuse() float64 {
 	return ratio(r.Totals.IdealTokens-r.Totals.AllowedTokens, r.Totals.IdealTokens)
 }
 
-// FalseDenyShare is the share of requests denied while their key's tokens sat elsewhere.
+// FalseDenyShare is the share of requests denied while tokens of their key sat unused and were
+// wasted.
 func (r *Result) FalseDenyShare() float64 { return ratio(r.Totals.FalseDenied, r.Totals.Requests) }
 
 // StrandedPerCrash is the mean µ stranded by one crash.

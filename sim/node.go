@@ -276,13 +276,15 @@ func (w *world) decided(inc *incarnation, rq *request, v agent.Verdict, t, arriv
 			c.DegradedDenied++
 		}
 	case v.Outcome == agent.Deny:
-		falseDeny := k.available(bucket.Millis(t/int64(time.Millisecond)), rq.micro)
+		ms := bucket.Millis(t / int64(time.Millisecond))
+		held := k.available(ms, rq.micro)
 		for _, c := range cs {
 			c.Denied++
-			if falseDeny {
-				c.FalseDenied++
+			if held {
+				c.HeldElsewhere++
 			}
 		}
+		k.denied(t, rq, g, k.bucketFull(ms))
 	case v.Outcome == agent.Unavailable:
 		for _, c := range cs {
 			c.Unavailable++
@@ -440,7 +442,7 @@ func (w *world) crash(n *node, victim *incarnation) {
 	if inc == nil || victim != nil && victim != inc {
 		return
 	}
-	w.autopsy(inc, w.now)
+	w.autopsy(inc, w.now, true)
 	inc.dead, inc.diedAt = true, w.now
 	n.inc = nil
 	for _, wt := range inc.fifo[inc.head:] {
@@ -467,20 +469,26 @@ func (w *world) crash(n *node, victim *incarnation) {
 // Nothing is sent: for a crash this only measures what the process took down with it. It
 // checks that the core's own account (Limiter.Outstanding) is that much, and that the core
 // conserved every token it applied.
-func (w *world) autopsy(inc *incarnation, now int64) int64 {
+func (w *world) autopsy(inc *incarnation, now int64, crashed bool) int64 {
 	w.forfeits(inc)
 	outstanding := int64(inc.lim.Outstanding())
 	inc.lim.Close()
 	var held int64
+	// What a crashed agent held is stranded: wasted from its grant to the crash.
+	hold := func(k *key, amount, grantedAt int64) {
+		held += amount
+		k.leased -= amount
+		if crashed {
+			k.wasted(grantNs(grantedAt), now, amount)
+		}
+	}
 	for c := inc.lim.NextCall(clock.Nanos(now)); c != nil; c = inc.lim.NextCall(clock.Nanos(now)) {
 		for _, it := range c.Return.Items {
-			held += it.UnspentMicro
-			w.keyOf(it.Bucket).leased -= it.UnspentMicro
+			hold(w.keyOf(it.Bucket), it.UnspentMicro, it.GrantedAtMs)
 		}
 	}
 	for _, f := range inc.lim.Forfeits() {
-		held += int64(f.Amount)
-		w.keyOf(f.Ref()).leased -= int64(f.Amount)
+		hold(w.keyOf(f.Ref()), int64(f.Amount), int64(f.GrantedAt))
 	}
 	inc.held = held
 	if held != outstanding {

@@ -44,8 +44,12 @@ type key struct {
 	// Where the key's tokens are, for false denies: level mirrors the bucket as of the store's
 	// last answer on the key (refilled to now with the same arithmetic), leased is what live
 	// agents hold of it (granted and applied, less spent, returned and taken down by a crash).
-	level    bucket.State
-	leased   int64 // µ
+	level  bucket.State
+	leased int64 // µ
+	// The key's 429s and the tokens it wasted, matched into false denies at the end of the run
+	// (falsedeny.go).
+	denials  []denial
+	wastes   []waste
 	ops      int64 // store operations (Take and Return items) on the key
 	opsWarm  int64 // ops when the warm-up ended
 	grants   int64
@@ -65,7 +69,7 @@ func newKey(name string, store int, l bucket.Limit) *key {
 }
 
 // available reports whether cost µ of the key sat somewhere at ms: in the bucket or in a live
-// agent's lease. A denial then is false: an exact limiter would have admitted the request.
+// agent's lease (a denial then was answered while tokens were held elsewhere).
 func (k *key) available(ms bucket.Millis, cost int64) bool {
 	s := k.level
 	s.Refill(k.limit, ms)

@@ -115,12 +115,12 @@ func tok(micro int64) string {
 }
 
 var countsHeader = []string{"requests", "demand_tokens", "allowed_tokens", "ideal_tokens", "allowed", "denied",
-	"false_denied", "unavailable", "degraded", "degraded_denied", "shadow", "unanswered", "waited"}
+	"false_denied", "held_elsewhere", "unavailable", "degraded", "degraded_denied", "shadow", "unanswered", "waited"}
 
 func countsRow(c *Counts) []string {
 	return []string{i64(c.Requests), i64(c.DemandTokens), i64(c.AllowedTokens), i64(c.IdealTokens), i64(c.Allowed),
-		i64(c.Denied), i64(c.FalseDenied), i64(c.Unavailable), i64(c.Degraded), i64(c.DegradedDenied), i64(c.Shadow),
-		i64(c.Unanswered), i64(c.Waited)}
+		i64(c.Denied), i64(c.FalseDenied), i64(c.HeldElsewhere), i64(c.Unavailable), i64(c.Degraded), i64(c.DegradedDenied),
+		i64(c.Shadow), i64(c.Unanswered), i64(c.Waited)}
 }
 
 func timelineCSV(r *Result) [][]string {
@@ -312,8 +312,8 @@ func answer(r *Result) string {
 			n, tokens2(r.Loss.Stranded), strconv.FormatFloat(each/float64(bucket.PerToken), 'f', 2, 64), tokens2(worst),
 			pct(ratio(r.Loss.Stranded, r.Totals.IdealTokens*int64(bucket.PerToken))), dur(each/rate)))
 	}
-	s = append(s, fmt.Sprintf("%s of requests were false denies (429 while their key's tokens sat in its bucket or another agent's lease).",
-		pct(r.FalseDenyShare())))
+	s = append(s, fmt.Sprintf("%s of requests were false denies (429 while tokens of their key sat unused and were wasted: in a full bucket, or a lease that ended unspent); %s were refused while tokens of their key sat elsewhere and were used later.",
+		pct(r.FalseDenyShare()), pct(ratio(r.Totals.HeldElsewhere, r.Totals.Requests))))
 	if r.Totals.Unavailable+r.Totals.Degraded > 0 {
 		s = append(s, fmt.Sprintf("%s requests got 503 and %s were admitted degraded.", i64(r.Totals.Unavailable), i64(r.Totals.Degraded)))
 	}
@@ -430,7 +430,8 @@ func resultMarkdown(b *strings.Builder, sc *Scenario, r *Result) {
 	row("requests", t.Requests)
 	row("admitted from leases", t.Allowed)
 	row("429 (over the limit)", t.Denied)
-	row("of which false denies", t.FalseDenied)
+	row("of which false denies (tokens of the key wasted meanwhile)", t.FalseDenied)
+	row("of which while tokens sat elsewhere (another lease, the bucket)", t.HeldElsewhere)
 	row("503 (fail closed)", t.Unavailable)
 	row("admitted degraded (emergency bucket)", t.Degraded)
 	row("429 from an empty emergency bucket", t.DegradedDenied)
