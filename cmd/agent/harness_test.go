@@ -53,7 +53,8 @@ func fileExists(p string) bool {
 	return err == nil
 }
 
-// e2ePolicy: shared is the admission test's bucket (C = 20, r = 10/s, τ = 0.5 s); writes and
+// e2ePolicy: shared is the admission test's bucket (C = 20, r = 10/s, τ = 0.5 s); quota is the
+// quota service's (C = 200, r = 20/s, τ = 2.5 s: a fresh lease backs one-second assignments); writes and
 // reads fail closed and to an emergency bucket (leases of 15 s, long enough to outlive an
 // outage's first checks); ledger barely refills (1 token a day), so its level in Redis is a
 // ledger of what was granted.
@@ -65,6 +66,12 @@ rules:
     operations: [read]
     limit: 600/minute
     burst: 20
+  - name: quota
+    routes: ["/quota/{id}"]
+    operations: [read]
+    limit: 20/second
+    burst: 200
+    on_failure: deny
   - name: writes
     routes: ["/w/{id}"]
     operations: [write]
