@@ -5,8 +5,9 @@
 // itself. A Filter takes the filter's own typed configuration (RateLimitQuotaFilterConfig, as an
 // Envoy configuration file holds it) and decides requests as the filter does:
 //
-//   - Bucket matching: the bucket_matchers tree (a matcher_list; predicates on request headers,
-//     single, and/or/not; the first match wins; on_no_match is the catch-all, and without it an
+//   - Bucket matching: the bucket_matchers tree (a matcher_list; predicates on request headers or
+//     dynamic metadata, single, and/or/not, with exact, prefix, suffix, contains or safe_regex
+//     value matches; the first match wins; on_no_match is the catch-all, and without it an
 //     unmatched request is allowed and never reported). bucket_id_builder values are string_value
 //     or custom_value of an HttpRequestHeaderMatchInput (a request header) or a DynamicMetadataInput
 //     (a value of the request's dynamic metadata, e.g. the verified JWT's sub claim).
@@ -38,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -439,6 +441,10 @@ func stringMatch(m *xdsmatcherv3.StringMatcher, v string) bool {
 		return strings.HasSuffix(v, lower(p.Suffix))
 	case *xdsmatcherv3.StringMatcher_Contains:
 		return strings.Contains(v, lower(p.Contains))
+	case *xdsmatcherv3.StringMatcher_SafeRegex:
+		// RE2, as Envoy's google_re2; the whole value must match.
+		re, err := regexp.Compile(`^(?:` + p.SafeRegex.GetRegex() + `)$`)
+		return err == nil && re.MatchString(v)
 	}
 	return false
 }
@@ -664,6 +670,20 @@ func (b *qbucket) assignLocked(now time.Duration, qa *rlqsv3.RateLimitQuotaRespo
 			b.expireLocked(now)
 		}
 	}
+}
+
+// Bucket is the bucket id and settings the filter's matchers give req (ok false: no bucket; the
+// request would be allowed and not reported).
+func (f *Filter) Bucket(req Request) (map[string]string, *rlqfilterv3.RateLimitQuotaBucketSettings, bool) {
+	settings, ok := f.match(req)
+	if !ok {
+		return nil, nil, false
+	}
+	id, err := buildBucketID(settings, req)
+	if err != nil {
+		return nil, settings, false
+	}
+	return id.Bucket, settings, true
 }
 
 // Buckets is the number of buckets the filter holds.
