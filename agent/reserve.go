@@ -46,13 +46,16 @@ type Reservation struct {
 	e    *entry
 }
 
-// Reserve moves up to a.Want µ of q's key out of a lease into a Reservation, if a lease that lives
-// a.Life more holds at least a.Least (the current lease, else the prefetched one). Otherwise the
+// Reserve moves a.Want µ of q's key out of a lease into a Reservation, if a lease that lives
+// a.Life more holds them (the current lease, else the prefetched one). Otherwise the
 // verdict says why not: Deny (the global bucket refused; RetryAfter is when it may not), Unavailable
 // (the key is in its failure mode for RetryAfter more; Degraded for a rule whose failure mode is its
 // emergency bucket, which a reservation never spends), or Wait with a Ticket: a refill was queued or
-// joined, and once the ticket is ready Reserved completes the reservation (or Unreserve drops it).
-// Errors are malformed queries, a closed Limiter, and ErrNotReservable.
+// joined, and once the ticket is ready Reserved completes the reservation from the refill's grant:
+// at least a.Least, up to a.Want (or Unreserve drops it). A lease that holds less than a.Want is
+// left to the key's checks and other holders: a holder that could only get part of what it needs
+// now would run dry before its next reservation, while the refill, sized by the key's demand, is a
+// round trip away. Errors are malformed queries, a closed Limiter, and ErrNotReservable.
 func (l *Limiter) Reserve(now clock.Nanos, q Query, a ReserveAsk) (Reservation, Verdict, error) {
 	v := l.view.Load()
 	if v.closed.Load() {
@@ -75,10 +78,11 @@ func (l *Limiter) Reserve(now clock.Nanos, q Query, a ReserveAsk) (Reservation, 
 	least := max(a.Least, bucket.Micro(res.cost))
 	least += (e.unit - least%e.unit) % e.unit
 	least = max(bucket.Micro(res.cost), min(least, e.lim.Bucket.Capacity()/e.unit*e.unit))
+	want := max(least, a.Want-a.Want%e.unit)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for {
-		if r, ok := l.reserveLeaseLocked(now, e, a, least); ok {
+		if r, ok := l.reserveLeaseLocked(now, e, want, a.Life); ok {
 			return r, Verdict{Outcome: Allow, Rule: e.rule, Limits: e.lim}, nil
 		}
 		if until := clock.Nanos(e.deniedUntil.Load()); now < until {
@@ -98,39 +102,37 @@ func (l *Limiter) Reserve(now clock.Nanos, q Query, a ReserveAsk) (Reservation, 
 		}
 		t := &Ticket{e: e, cost: int64(least), ready: make(chan struct{})}
 		e.waiting = append(e.waiting, t)
+		if e.refilling.Load() && !e.queued && !e.inflight {
+			// The refill was put off because a prefetched lease waits to be installed; a check
+			// would have installed it, but it holds less than the reservation wants.
+			e.refilling.Store(false)
+		}
 		l.queueLocked(e)
 		return Reservation{}, Verdict{Outcome: Wait, Ticket: t, Rule: e.rule, Limits: e.lim}, nil
 	}
 }
 
-// reserveLeaseLocked takes the reservation from the current lease, or else from the prefetched
-// one, if either lives long enough and holds least. e.mu is held.
-func (l *Limiter) reserveLeaseLocked(now clock.Nanos, e *entry, a ReserveAsk, least bucket.Micro) (Reservation, bool) {
-	life := clock.Of(a.Life)
-	if exp := clock.Nanos(e.expires.Load()); exp != 0 && exp-now >= life {
+// reserveLeaseLocked takes want from the current lease, or else from the prefetched one, if either
+// lives long enough and holds it. e.mu is held.
+func (l *Limiter) reserveLeaseLocked(now clock.Nanos, e *entry, want bucket.Micro, life time.Duration) (Reservation, bool) {
+	if exp := clock.Nanos(e.expires.Load()); exp != 0 && exp-now >= clock.Of(life) {
 		for {
 			t := bucket.Micro(e.tokens.Load())
-			take := min(a.Want, t)
-			take -= take % e.unit
-			if take < least {
+			if t < want {
 				break
 			}
-			if e.tokens.CompareAndSwap(int64(t), int64(t-take)) {
-				if int64(t-take) < e.lowWater.Load() {
+			if e.tokens.CompareAndSwap(int64(t), int64(t-want)) {
+				if int64(t-want) < e.lowWater.Load() {
 					l.queueLocked(e) // a prefetch, as a check below the low water queues
 				}
-				return e.reservation(take, grant{expires: exp, grantedAt: e.grantedAt, recvAt: e.recvAt}), true
+				return e.reservation(want, grant{expires: exp, grantedAt: e.grantedAt, recvAt: e.recvAt}), true
 			}
 		}
 	}
-	if n := e.next; n.tokens > 0 && n.expires-now >= life {
-		take := min(a.Want, n.tokens)
-		take -= take % e.unit
-		if take >= least {
-			e.next.tokens -= take
-			e.setRemainingLocked()
-			return e.reservation(take, n), true
-		}
+	if n := e.next; n.tokens >= want && n.expires-now >= clock.Of(life) {
+		e.next.tokens -= want
+		e.setRemainingLocked()
+		return e.reservation(want, n), true
 	}
 	return Reservation{}, false
 }

@@ -74,6 +74,10 @@ const (
 	// a reservation can be made from it.
 	quotaRefillAllowance = 50 * time.Millisecond
 
+	// quotaBurstAllowance is the burst an assignment gives beyond the pace of the requests Envoy
+	// reported: a tenth of a second of them (a paced bucket replaced early loses at most its burst).
+	quotaBurstAllowance = 100 * time.Millisecond
+
 	// maxAssignTokens bounds the requests one token bucket assignment may hold: max_tokens and
 	// tokens_per_fill are 32-bit.
 	maxAssignTokens = 1 << 31

@@ -29,6 +29,8 @@ type quotaBucket struct {
 	unit      bucket.Micro // one request
 	emergency bool         // the rule's failure mode is its emergency bucket
 	key       string       // the bucket key its demand is counted under (quotaService.observe)
+	keyOf     string       // the bucket key in the policy version keyVersion (keyOf's cache)
+	keyVer    string
 
 	// Usage, from Envoy's reports (agent clock).
 	allowed    uint64      // requests Envoy reported allowed, in all
@@ -107,14 +109,18 @@ func (p quotaPlan) ttl(now, exp clock.Nanos) time.Duration {
 }
 
 // tokenBucketFor is a token bucket that admits at most k requests over ttl plus the margin:
-// bMax tokens at first and one more a second (tokens_per_fill 1, fill_interval one second, so
-// that Envoy's whole-second reading of it is exact; the protocol requires a refill), refilled
-// continuously as Envoy does: the admissions by time t are at most bMax + t/s, so at most
-// bMax + ⌊ttl + margin⌋ = k. Nearly all of the reservation is burst: Envoy may spend it as its
-// clients come, and when it runs dry (its reports show denials) the next assignment comes early;
-// a replaced bucket loses at most its last second's token. A whole-second ttl is cut to k − 1
-// seconds if k is too small for it (k = 1: under a second).
-func tokenBucketFor(k int64, ttl time.Duration) (bMax, f int64, _ time.Duration) {
+// bMax tokens at first and f more a second (tokens_per_fill f, fill_interval one second, so that
+// Envoy's whole-second reading of it is exact). Refilled continuously, as Envoy does, it admits at
+// most bMax + f·t by t, so at most bMax + ⌊f·(ttl + margin)⌋ = k over its life.
+//
+// When k covers what Envoy's clients offer (rate, requests a second) over the life, the bucket is
+// paced at that rate, the rest of k its burst: a bucket replaced before its end then loses at most
+// its burst (the refill it would still have had is released, settle). When k is short of it (the
+// key is scarce) the bucket is all burst, one token a second more (the protocol requires a refill):
+// Envoy's clients spend it as they come, as they would the global bucket's burst, and nothing is
+// left to lose when it is replaced. A whole-second ttl is cut to k − 1 seconds if k is too small
+// for one token a second over it (k = 1: under a second).
+func tokenBucketFor(k int64, ttl time.Duration, rate float64) (bMax, f int64, _ time.Duration) {
 	if life := ttl + AssignmentMargin; ttl >= time.Second && int64(life/time.Second) >= k {
 		if k >= 2 {
 			ttl = time.Duration(k-1) * time.Second
@@ -123,7 +129,11 @@ func tokenBucketFor(k int64, ttl time.Duration) (bMax, f int64, _ time.Duration)
 		}
 	}
 	lifeMs := int64((ttl + AssignmentMargin) / time.Millisecond)
-	return k - lifeMs/1000, 1, ttl
+	f = 1
+	if pace := int64(min(rate, float64(maxAssignTokens))); pace > 1 && pace*lifeMs/1000 <= k-1 {
+		f = pace
+	}
+	return k - f*lifeMs/1000, f, ttl
 }
 
 // report handles one usage report of b.
@@ -139,8 +149,10 @@ func (st *quotaStream) report(now clock.Nanos, b *quotaBucket, u *rlqsv3.RateLim
 	if b.reports > 0 {
 		// The rate since the last report, on the agent's clock (Envoy's time_elapsed is whole
 		// seconds); averaged with the previous estimate.
+		// Up at once, down by halves: an assignment must cover what was just offered.
 		if el := (now - b.lastReport).Duration().Seconds(); el > 0 {
-			b.rate = (b.rate + min(n/el, maxRate)) / 2
+			x := min(n/el, maxRate)
+			b.rate = max(x, (b.rate+x)/2)
 		}
 	} else {
 		b.rate = n // the first report: no interval yet; as if over a second
@@ -171,14 +183,17 @@ func (st *quotaStream) report(now clock.Nanos, b *quotaBucket, u *rlqsv3.RateLim
 	}
 }
 
-// keyOf is b's bucket key in the current policy ("" if it has none).
+// keyOf is b's bucket key in the current policy ("" if it has none), resolved once per policy
+// version.
 func (st *quotaStream) keyOf(b *quotaBucket) string {
 	v := st.s.lim.view.Load()
-	res, err := st.s.lim.resolve(v, b.q)
-	if err != nil {
-		return ""
+	if ver := v.set.Version(); ver != b.keyVer {
+		b.keyOf, b.keyVer = "", ver
+		if res, err := st.s.lim.resolve(v, b.q); err == nil {
+			b.keyOf = res.key(b.q.Tenant)
+		}
 	}
-	return res.key(b.q.Tenant)
+	return b.keyOf
 }
 
 // refresh decides b's next assignment: a token bucket from a reservation, or what the key's state
@@ -202,9 +217,10 @@ func (st *quotaStream) refresh(now clock.Nanos, b *quotaBucket, early bool) {
 				return
 			}
 			plan := planAssignments(lease.TTL(res.lim.Bucket))
-			// What Envoy's clients offer until the next assignment, and one more; at most the burst.
+			// What Envoy's clients offer until the next assignment, a quarter of a second more for
+			// their bursts, and one; at most the burst.
 			burst := res.lim.Bucket.Capacity() / b.unit
-			want := min(math.Ceil(b.rate*(plan.target+AssignmentMargin).Seconds())+1, float64(burst))
+			want := min(math.Ceil(b.rate*(plan.target+AssignmentMargin+quotaBurstAllowance).Seconds())+1, float64(burst))
 			b.ask = ReserveAsk{Want: bucket.Micro(max(want, 2)) * b.unit, Least: 2 * b.unit, Life: plan.life}
 			for range 3 { // a key retired meanwhile is looked up again
 				r, v, rerr := st.s.lim.Reserve(now, q, b.ask)
@@ -253,7 +269,7 @@ func (st *quotaStream) assign(b *quotaBucket, r Reservation) {
 		st.schedule(b, now+clock.Of(quotaRetryFloor))
 		return
 	}
-	bMax, f, ttl := tokenBucketFor(k, ttl)
+	bMax, f, ttl := tokenBucketFor(k, ttl, b.rate)
 	handed := bucket.Micro(k) * r.Unit
 	st.s.lim.Release(now, r, r.Tokens-handed)
 	r.Tokens = handed
