@@ -107,6 +107,9 @@ type Filter struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// The bucket matchers' actions, decoded once (Envoy builds its matcher tree at load).
+	settings map[*xdsmatcherv3.Matcher_OnMatch]*rlqfilterv3.RateLimitQuotaBucketSettings
+
 	mu       sync.Mutex
 	buckets  map[string]*qbucket
 	interval time.Duration // reporting interval: the first bucket's
@@ -157,8 +160,24 @@ func New(cfg *rlqfilterv3.RateLimitQuotaFilterConfig, conn grpc.ClientConnInterf
 		start := time.Now()
 		opts.Now = func() time.Duration { return time.Since(start) }
 	}
-	f := &Filter{cfg: cfg, conn: conn, opts: opts, buckets: map[string]*qbucket{}}
+	f := &Filter{cfg: cfg, conn: conn, opts: opts, buckets: map[string]*qbucket{},
+		settings: map[*xdsmatcherv3.Matcher_OnMatch]*rlqfilterv3.RateLimitQuotaBucketSettings{}}
 	f.stats.Actions = map[string]int{}
+	m := cfg.GetBucketMatchers()
+	oms := []*xdsmatcherv3.Matcher_OnMatch{m.GetOnNoMatch()}
+	for _, fm := range m.GetMatcherList().GetMatchers() {
+		oms = append(oms, fm.GetOnMatch())
+	}
+	for _, om := range oms {
+		if om == nil {
+			continue
+		}
+		var st rlqfilterv3.RateLimitQuotaBucketSettings
+		if err := om.GetAction().GetTypedConfig().UnmarshalTo(&st); err != nil {
+			return nil, fmt.Errorf("envoyquota: a matcher's action is not RateLimitQuotaBucketSettings: %w", err)
+		}
+		f.settings[om] = &st
+	}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	return f, nil
 }
@@ -381,21 +400,13 @@ func (f *Filter) match(req Request) (*rlqfilterv3.RateLimitQuotaBucketSettings, 
 	m := f.cfg.GetBucketMatchers()
 	for _, fm := range m.GetMatcherList().GetMatchers() {
 		if predicate(fm.GetPredicate(), req) {
-			return settingsOf(fm.GetOnMatch())
+			return f.settings[fm.GetOnMatch()], true
 		}
 	}
-	if m.GetOnNoMatch() != nil {
-		return settingsOf(m.GetOnNoMatch())
+	if om := m.GetOnNoMatch(); om != nil {
+		return f.settings[om], true
 	}
 	return nil, false
-}
-
-func settingsOf(om *xdsmatcherv3.Matcher_OnMatch) (*rlqfilterv3.RateLimitQuotaBucketSettings, bool) {
-	var s rlqfilterv3.RateLimitQuotaBucketSettings
-	if err := om.GetAction().GetTypedConfig().UnmarshalTo(&s); err != nil {
-		return nil, false
-	}
-	return &s, true
 }
 
 func predicate(p *xdsmatcherv3.Matcher_MatcherList_Predicate, req Request) bool {
