@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -468,7 +469,7 @@ func TestQuotaBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	for {
-		if _, err := st.Recv(); err == io.EOF {
+		if _, err := st.Recv(); errors.Is(err, io.EOF) {
 			break
 		} else if err != nil {
 			t.Fatalf("the stream ended with %v, want its end", err)
