@@ -9,7 +9,6 @@ import (
 	"github.com/cockroachdb/datadriven"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
-
 	"github.com/leasebucket/leasebucket/internal/clock"
 	"github.com/leasebucket/leasebucket/policy"
 )

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -323,17 +324,9 @@ func (st *quotaStream) validate(set *policy.Set, m *rlqsv3.RateLimitQuotaUsageRe
 // bucketSig is a bucket id's identity: its entries sorted by key, each quoted (the order of a
 // bucket id's entries does not matter).
 func bucketSig(id map[string]string) string {
-	keys := make([]string, 0, len(id))
-	for k := range id {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
 	var b strings.Builder
-	for _, k := range keys {
-		b.WriteString(strconv.Quote(k))
-		b.WriteByte('=')
-		b.WriteString(strconv.Quote(id[k]))
-		b.WriteByte(',')
+	for _, k := range slices.Sorted(maps.Keys(id)) {
+		b.WriteString(strconv.Quote(k) + "=" + strconv.Quote(id[k]) + ",")
 	}
 	return b.String()
 }

@@ -217,7 +217,7 @@ func (st *quotaStream) refresh(now clock.Nanos, b *quotaBucket, early bool) {
 				return
 			}
 			plan := planAssignments(lease.TTL(res.lim.Bucket))
-			// What Envoy's clients offer until the next assignment, a quarter of a second more for
+			// What Envoy's clients offer until the next assignment, a tenth of a second more for
 			// their bursts, and one; at most the burst.
 			burst := res.lim.Bucket.Capacity() / b.unit
 			want := min(math.Ceil(b.rate*(plan.target+AssignmentMargin+quotaBurstAllowance).Seconds())+1, float64(burst))

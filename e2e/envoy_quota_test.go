@@ -1,20 +1,15 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	rlqfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rate_limit_quota/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"go.yaml.in/yaml/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/leasebucket/leasebucket/client"
 	"github.com/leasebucket/leasebucket/internal/testkit/envoyquota"
@@ -29,22 +24,7 @@ import (
 // id, to the rule its raw path meets; each matcher's fallbacks are that rule's failure mode; no
 // matcher reuses an expired assignment.
 func TestEnvoyQuotaConfig(t *testing.T) {
-	doc, err := os.ReadFile("../docs/gateway.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tree any
-	if err := yaml.Unmarshal([]byte(fenced(t, string(doc), "<!-- envoy-rlqs:", "yaml")), &tree); err != nil {
-		t.Fatalf("docs/gateway.md: the RLQS block is not YAML: %v", err)
-	}
-	js, err := json.Marshal(tree)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var bs bootstrapv3.Bootstrap
-	if err := protojson.Unmarshal(js, &bs); err != nil {
-		t.Fatalf("not an Envoy bootstrap: %v", err)
-	}
+	bs := gatewayBootstrap(t, "<!-- envoy-rlqs:")
 	if err := bs.ValidateAll(); err != nil {
 		t.Fatalf("bootstrap: %v", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/leasebucket/leasebucket/internal/testkit/envoyquota"
 	"github.com/leasebucket/leasebucket/internal/testkit/proctest"
 	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
+	"github.com/leasebucket/leasebucket/policy"
 )
 
 // quotaBucket is the bucket id every Envoy of these tests sends for tenant acme on the quota rule.
@@ -89,31 +90,52 @@ func assigned(ds []envoyquota.Decision) []admission {
 	return out
 }
 
-// TestQuotaAcrossAgents: two Envoys, each on its own agent process, the agents on one coordinator
-// process and a real Redis, both far above the quota rule's limit: what the two admit locally
-// from their assignments keeps C + r·(w + τ) in every window, checked from outside.
-func TestQuotaAcrossAgents(t *testing.T) {
+// twoEnvoys starts a real Redis, one coordinator process on it and two agent processes on the
+// coordinator, with an Envoy-faithful filter on each agent; the quota rule's quota is returned.
+func twoEnvoys(t *testing.T) (agents [2]*agentNode, filters []*envoyquota.Filter, conns [2]*grpc.ClientConn, q policy.Quota) {
+	t.Helper()
 	redistest.Require(t)
 	rdb := redistest.Start(t)
 	policyFile, set := writePolicy(t)
 	coord := startCoordinator(t, policyFile, rdb.Addr())
-	a1, a2 := startAgent(t, policyFile, []*coordinatorNode{coord}), startAgent(t, policyFile, []*coordinatorNode{coord})
-	f1, _ := envoyOn(t, a1)
-	f2, _ := envoyOn(t, a2)
+	for i := range agents {
+		agents[i] = startAgent(t, policyFile, []*coordinatorNode{coord})
+		var f *envoyquota.Filter
+		f, conns[i] = envoyOn(t, agents[i])
+		filters = append(filters, f)
+	}
+	return agents, filters, conns, set.Rule("quota").Quota
+}
+
+// checkQuotaAdmission checks the admission bound of the quota rule on what the filters admitted
+// from assignments.
+func checkQuotaAdmission(t *testing.T, q policy.Quota, ds [][]envoyquota.Decision) string {
+	t.Helper()
+	var all []admission
+	for _, d := range ds {
+		all = append(all, assigned(d)...)
+	}
+	tightest, err := checkAdmission(all, float64(q.Burst), float64(q.Requests)/q.Period.Seconds(), lease.TTL(q.Bucket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tightest
+}
+
+// TestQuotaAcrossAgents: two Envoys, each on its own agent process, the agents on one coordinator
+// process and a real Redis, both far above the quota rule's limit: what the two admit locally
+// from their assignments keeps C + r·(w + τ) in every window, checked from outside.
+func TestQuotaAcrossAgents(t *testing.T) {
+	_, filters, _, q := twoEnvoys(t)
 	stop := make(chan struct{})
 	time.AfterFunc(5*time.Second, func() { close(stop) })
-	ds := flood([]*envoyquota.Filter{f1, f2}, stop)
-	q := set.Rule("quota").Quota
+	ds := flood(filters, stop)
 	a1Adm, a2Adm := assigned(ds[0]), assigned(ds[1])
 	t.Logf("envoy 1: %d requests, %d admitted; envoy 2: %d, %d", len(ds[0]), len(a1Adm), len(ds[1]), len(a2Adm))
 	if len(a1Adm) == 0 || len(a2Adm) == 0 || len(ds[0])+len(ds[1]) < 5*(len(a1Adm)+len(a2Adm)) {
 		t.Fatalf("want both Envoys admitting, far below what they are offered")
 	}
-	tightest, err := checkAdmission(append(a1Adm, a2Adm...), float64(q.Burst), float64(q.Requests)/q.Period.Seconds(), lease.TTL(q.Bucket))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("tightest window: %s", tightest)
+	t.Logf("tightest window: %s", checkQuotaAdmission(t, q, ds))
 }
 
 // TestQuotaAgentKilledMidAssignment: one agent is killed with SIGKILL while its Envoy holds an
@@ -121,37 +143,28 @@ func TestQuotaAcrossAgents(t *testing.T) {
 // admitting only within the assignments it holds, then falls back (the route fails closed:
 // DENY_ALL); the bound holds across both throughout; the agent whose stream broke settles it.
 func TestQuotaAgentKilledMidAssignment(t *testing.T) {
-	redistest.Require(t)
-	rdb := redistest.Start(t)
-	policyFile, set := writePolicy(t)
-	coord := startCoordinator(t, policyFile, rdb.Addr())
-	a1, a2 := startAgent(t, policyFile, []*coordinatorNode{coord}), startAgent(t, policyFile, []*coordinatorNode{coord})
-	f1, _ := envoyOn(t, a1)
-	f2, conn2 := envoyOn(t, a2)
+	agents, filters, conns, q := twoEnvoys(t)
 	stop := make(chan struct{})
 	var ds [][]envoyquota.Decision
 	done := make(chan struct{})
-	go func() { ds = flood([]*envoyquota.Filter{f1, f2}, stop); close(done) }()
+	go func() { ds = flood(filters, stop); close(done) }()
 	proctest.WaitFor(t, 10*time.Second, "both Envoys hold assignments", func() bool {
-		return f1.Active(quotaBucket) != nil && f2.Active(quotaBucket) != nil
+		return filters[0].Active(quotaBucket) != nil && filters[1].Active(quotaBucket) != nil
 	})
 	killed := sinceStart()
-	a1.Kill()
-	if err := conn2.Close(); err != nil {
+	agents[0].Kill()
+	if err := conns[1].Close(); err != nil {
 		t.Fatal(err)
 	}
+	a2 := agents[1]
 	proctest.WaitFor(t, 10*time.Second, "agent 2 settles the broken stream", func() bool {
 		return a2.metric(t, "leasebucket_agent_quota_streams") == 0 && a2.metric(t, "leasebucket_agent_quota_reserved_tokens") == 0
 	})
-	tau := lease.TTL(set.Rule("quota").Quota.Bucket)
+	tau := lease.TTL(q.Bucket)
 	time.Sleep(tau + time.Second)
 	close(stop)
 	<-done
-	q := set.Rule("quota").Quota
-	all := append(assigned(ds[0]), assigned(ds[1])...)
-	if _, err := checkAdmission(all, float64(q.Burst), float64(q.Requests)/q.Period.Seconds(), tau); err != nil {
-		t.Fatal(err)
-	}
+	checkQuotaAdmission(t, q, ds)
 	for i, d := range ds {
 		late := 0
 		for _, x := range d {

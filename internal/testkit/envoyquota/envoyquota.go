@@ -38,6 +38,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"regexp"
 	"slices"
@@ -151,7 +152,8 @@ type qbucket struct {
 	gone        bool // abandoned: the next request subscribes again
 }
 
-// New returns a Filter with cfg (validated as Envoy would) on conn, the RLQS server's connection.
+// New returns a Filter with cfg (validated as Envoy would) on conn, the RLQS server's connection
+// (nil: none; every report is dropped, as while the server is unreachable).
 func New(cfg *rlqfilterv3.RateLimitQuotaFilterConfig, conn grpc.ClientConnInterface, opts Options) (*Filter, error) {
 	if err := cfg.ValidateAll(); err != nil {
 		return nil, fmt.Errorf("envoyquota: invalid filter config: %w", err)
@@ -220,12 +222,14 @@ func (f *Filter) Decide(req Request) Decision {
 	f.mu.Lock()
 	b := f.buckets[sig]
 	if b != nil {
+		// A bucket abandoned by now (its expired behaviour timed out) is forgotten: this request
+		// subscribes again.
 		b.mu.Lock()
-		if b.gone {
-			b.mu.Unlock()
+		b.advanceLocked(now)
+		gone := b.gone
+		b.mu.Unlock()
+		if gone {
 			b = nil
-		} else {
-			b.mu.Unlock()
 		}
 	}
 	created := b == nil
@@ -524,21 +528,11 @@ func buildBucketID(s *rlqfilterv3.RateLimitQuotaBucketSettings, req Request) (*r
 
 // Sig is a bucket id as "k=v,k=v", sorted by key (the order of its entries does not matter).
 func Sig(id map[string]string) string {
-	keys := make([]string, 0, len(id))
-	for k := range id {
-		keys = append(keys, k)
+	parts := make([]string, 0, len(id))
+	for _, k := range slices.Sorted(maps.Keys(id)) {
+		parts = append(parts, k+"="+strconv.Quote(id[k]))
 	}
-	slices.Sort(keys)
-	var b strings.Builder
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(k)
-		b.WriteByte('=')
-		b.WriteString(strconv.Quote(id[k]))
-	}
-	return b.String()
+	return strings.Join(parts, ",")
 }
 
 // reportLoop reports every bucket's usage each reporting interval.
@@ -576,7 +570,7 @@ func (f *Filter) reportLoop() {
 func (f *Filter) send(r *rlqsv3.RateLimitQuotaUsageReports) {
 	f.smu.Lock()
 	defer f.smu.Unlock()
-	if f.stream == nil && f.ctx.Err() == nil {
+	if f.stream == nil && f.ctx.Err() == nil && f.conn != nil {
 		c := rlqsv3.NewRateLimitQuotaServiceClient(f.conn)
 		s, err := c.StreamRateLimitQuotas(f.ctx)
 		if err == nil {

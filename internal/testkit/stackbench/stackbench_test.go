@@ -56,6 +56,12 @@ func benchLoad(api sb.API) sb.Load {
 	return sb.Load{API: api, Callers: 64, Streams: 1, MaxBatch: client.DefaultMaxBatch, Linger: client.DefaultLinger}
 }
 
+// benchSetup is what a whole-stack benchmark needs first: Redis, the programs, the timing of a run.
+func benchSetup(b *testing.B) (sb.Binaries, sb.Timing) {
+	redistest.Require(b)
+	return binaries(b), sb.Timing{Warmup: *warmup, Measure: *measure}
+}
+
 // seed makes the key draws of every run the same sequence per caller.
 const seed = 13
 
@@ -73,10 +79,8 @@ var apis = []sb.API{sb.Unary, sb.Stream, sb.Envoy}
 // a Markdown table of every run is printed at the end. What the metrics mean: the README's
 // Performance section. Run it with the default -benchtime (or 1x): each run is time-bound.
 func BenchmarkStack(b *testing.B) {
-	redistest.Require(b)
-	bin := binaries(b)
+	bin, tm := benchSetup(b)
 	ctx := context.Background()
-	tm := sb.Timing{Warmup: *warmup, Measure: *measure}
 	var sum sb.Summary
 	for _, c := range sb.Cases {
 		b.Run(c.Name, func(b *testing.B) {
@@ -151,10 +155,8 @@ var quotaPause = flag.Duration("stackbench.quota-pause", time.Millisecond, "Benc
 // admitted request (agent-cpu-µs/admitted), and for RLQS the ratio of requests admitted per agent
 // CPU-second to RLS's (x-rls-admitted-per-agent-cpu). A table of every run is printed at the end.
 func BenchmarkQuota(b *testing.B) {
-	redistest.Require(b)
-	bin := binaries(b)
+	bin, tm := benchSetup(b)
 	ctx := context.Background()
-	tm := sb.Timing{Warmup: *warmup, Measure: *measure}
 	var sum sb.Summary
 	for _, c := range sb.QuotaCases {
 		b.Run(c.Name, func(b *testing.B) {
