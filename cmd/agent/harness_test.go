@@ -53,11 +53,11 @@ func fileExists(p string) bool {
 	return err == nil
 }
 
-// e2ePolicy: shared is the admission test's bucket (C = 20, r = 10/s, τ = 0.5 s); quota is the
-// quota service's (C = 200, r = 20/s, τ = 2.5 s: a fresh lease backs one-second assignments); writes and
+// e2ePolicy: shared is the admission test's bucket (C = 20, r = 10/s, τ = 0.5 s); writes and
 // reads fail closed and to an emergency bucket (leases of 15 s, long enough to outlive an
 // outage's first checks); ledger barely refills (1 token a day), so its level in Redis is a
-// ledger of what was granted.
+// ledger of what was granted. quota is the quota service's (C = 200, r = 20/s, τ = 2.5 s: a
+// fresh lease backs one-second assignments).
 const e2ePolicy = `
 version: "e2e-1"
 rules:
@@ -66,12 +66,6 @@ rules:
     operations: [read]
     limit: 600/minute
     burst: 20
-  - name: quota
-    routes: ["/quota/{id}"]
-    operations: [read]
-    limit: 20/second
-    burst: 200
-    on_failure: deny
   - name: writes
     routes: ["/w/{id}"]
     operations: [write]
@@ -93,6 +87,12 @@ rules:
     operations: [read]
     limit: 1/day
     burst: 1000
+  - name: quota
+    routes: ["/quota/{id}"]
+    operations: [read]
+    limit: 20/second
+    burst: 200
+    on_failure: deny
 default:
   limit: 60/minute
   burst: 10
