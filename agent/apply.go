@@ -198,7 +198,7 @@ func (l *Limiter) grantLocked(now clock.Nanos, c *Call, e *entry, res *coordinat
 	}
 	if now < n.expires || e.direct {
 		// A direct grant is spent at once, whatever its TTL: on the checks that asked for it.
-		n.tokens = l.serveLocked(n.tokens, e)
+		n.tokens = l.serveLocked(n.tokens, e, n)
 	}
 	if n.tokens == 0 {
 		return
@@ -231,14 +231,16 @@ func (l *Limiter) paceUntil(now clock.Nanos, e *entry, paceMs int64) clock.Nanos
 }
 
 // serveLocked allows the waiting checks of e from tokens, in order, while they fit, and returns
-// what is left. Checks that do not fit keep waiting.
-func (l *Limiter) serveLocked(tokens bucket.Micro, e *entry) bucket.Micro {
+// what is left. Checks that do not fit keep waiting. from is the grant the tokens came from: a
+// ticket of a reservation keeps its expiry (reserve.go).
+func (l *Limiter) serveLocked(tokens bucket.Micro, e *entry, from grant) bucket.Micro {
 	served := 0
 	for _, t := range e.waiting {
 		if bucket.Micro(t.cost) > tokens {
 			break
 		}
 		tokens -= bucket.Micro(t.cost)
+		t.from = from
 		t.decideLocked(Verdict{Outcome: Allow, Remaining: tokens + e.level + e.next.tokens, Rule: e.rule, Limits: e.lim})
 		served++
 	}

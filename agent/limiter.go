@@ -166,6 +166,7 @@ type Ticket struct {
 	cost  int64
 	ready chan struct{}
 	v     Verdict
+	from  grant // the lease an allowed ticket's tokens came from (a reservation's expiry: reserve.go)
 }
 
 // Ready is closed when the ticket is decided.

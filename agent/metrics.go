@@ -36,6 +36,7 @@ type Metrics struct {
 	streams        prometheus.Gauge
 	envoyAnswers   *prometheus.CounterVec
 	idem           atomic.Pointer[idempotency]
+	quotaM         *quotaMetrics // the rate limit quota service (rlqs_metrics.go)
 }
 
 // nearLimitFraction: an allow that leaves less than this fraction of the rule's burst (as this
@@ -82,6 +83,7 @@ func NewMetrics() *Metrics {
 		envoyAnswers: prometheus.NewCounterVec(counterOpts("envoy_requests_total",
 			"Envoy ShouldRateLimit requests by answer: ok, over_limit, invalid (INVALID_ARGUMENT), unavailable (a fail-closed descriptor: UNAVAILABLE), error."),
 			[]string{"code"}),
+		quotaM: newQuotaMetrics(),
 	}
 }
 
@@ -109,9 +111,9 @@ func (m *Metrics) Register(reg prometheus.Registerer, lim *Limiter, ref *Refresh
 		}
 		return 0
 	})
-	for _, c := range []prometheus.Collector{m.decisions, m.invalids, m.fallbacks, m.refill, m.callErrors,
+	for _, c := range append([]prometheus.Collector{m.decisions, m.invalids, m.fallbacks, m.refill, m.callErrors,
 		m.nearLimit, m.failureAnswers, m.replays, m.pending, m.batchChecks, m.streams, m.envoyAnswers, idemKeys,
-		&coreCollector{lim: lim, ref: ref}} {
+		&coreCollector{lim: lim, ref: ref}}, m.quotaM.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

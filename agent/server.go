@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -48,6 +49,9 @@ type ServerConfig struct {
 	// Audit receives an event for every deny, unavailable, degraded and shadow-would-deny answer
 	// and for sampled allows; nil: no audit.
 	Audit *audit.Queue
+	// QuotaIdle is how long a rate limit quota bucket may report no request before it is
+	// abandoned (DefaultQuotaIdle if zero).
+	QuotaIdle time.Duration
 }
 
 // Server is the agent's gRPC face: AgentService (Check, CheckBatch, CheckStream) and Envoy's
@@ -64,6 +68,7 @@ type Server struct {
 	log     *zap.Logger
 	idem    *idempotency // nil: off
 	audit   *audit.Queue // nil: off
+	quota   *quotaService
 
 	draining  chan struct{} // closed by Drain: streams end
 	drainOnce sync.Once
@@ -79,6 +84,7 @@ func NewServer(cfg ServerConfig) *Server {
 	}
 	s := &Server{lim: cfg.Limiter, clk: cfg.Clock, maxWait: cfg.MaxWait, metrics: cfg.Metrics, log: cfg.Logger,
 		audit: cfg.Audit, draining: make(chan struct{})}
+	s.quota = newQuotaService(s, cfg.QuotaIdle)
 	if cfg.IdempotencyWindow >= 0 {
 		if cfg.IdempotencyWindow == 0 {
 			cfg.IdempotencyWindow = DefaultIdempotencyWindow
@@ -92,15 +98,18 @@ func NewServer(cfg ServerConfig) *Server {
 	return s
 }
 
-// Register registers AgentService, Envoy's RateLimitService and grpc.health.v1 on g and returns
-// the health server, which reports SERVING for "" and for both services until its Shutdown.
+// Register registers AgentService, Envoy's RateLimitService and RateLimitQuotaService and
+// grpc.health.v1 on g and returns the health server, which reports SERVING for "" and for the
+// three services until its Shutdown.
 func (s *Server) Register(g *grpc.Server) *health.Server {
 	agentv1.RegisterAgentServiceServer(g, s)
 	ratelimitv3.RegisterRateLimitServiceServer(g, envoyServer{s: s})
+	rlqsv3.RegisterRateLimitQuotaServiceServer(g, s.quota)
 	h := health.NewServer()
 	h.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	h.SetServingStatus(agentv1.AgentService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	h.SetServingStatus(ratelimitv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	h.SetServingStatus(rlqsv3.RateLimitQuotaService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(g, h)
 	return h
 }

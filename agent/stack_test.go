@@ -170,6 +170,7 @@ type stackOptions struct {
 	idemWindow  time.Duration // agent.ServerConfig.IdempotencyWindow
 	idemKeys    int
 	audit       *audit.Queue
+	quotaIdle   time.Duration // agent.ServerConfig.QuotaIdle
 }
 
 // stack is one agent in process: Limiter, Refresher and Server over a coordinator Service on an
@@ -260,7 +261,7 @@ func newStack(t testing.TB, set *policy.Set, o stackOptions) *stack {
 		o.maxWait = 2 * time.Second
 	}
 	s.srv = agent.NewServer(agent.ServerConfig{Limiter: s.lim, Clock: s.clk, MaxWait: o.maxWait, Metrics: metrics, Logger: log,
-		IdempotencyWindow: o.idemWindow, IdempotencyKeys: o.idemKeys, Audit: o.audit})
+		IdempotencyWindow: o.idemWindow, IdempotencyKeys: o.idemKeys, Audit: o.audit, QuotaIdle: o.quotaIdle})
 	s.reg = prometheus.NewRegistry()
 	if err := metrics.Register(s.reg, s.lim, s.ref); err != nil {
 		t.Fatal(err)

@@ -40,30 +40,14 @@ type validator interface{ ValidateAll() error }
 // 503, the agent's socket over HTTP/2, and descriptors of exactly the tenant (from the verified
 // JWT's payload), the path and the method.
 func TestEnvoyConfig(t *testing.T) {
-	doc, err := os.ReadFile("../docs/gateway.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	block := fenced(t, string(doc), "<!-- envoy:", "yaml")
-	var tree any
-	if err := yaml.Unmarshal([]byte(block), &tree); err != nil {
-		t.Fatalf("docs/gateway.md: the Envoy block is not YAML: %v", err)
-	}
-	js, err := json.Marshal(tree)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var bs bootstrapv3.Bootstrap
-	if err := protojson.Unmarshal(js, &bs); err != nil {
-		t.Fatalf("not an Envoy bootstrap: %v", err)
-	}
+	bs := gatewayBootstrap(t, "<!-- envoy:")
 	valid := func(what string, m validator) {
 		t.Helper()
 		if err := m.ValidateAll(); err != nil {
 			t.Errorf("%s: %v", what, err)
 		}
 	}
-	valid("bootstrap", &bs)
+	valid("bootstrap", bs)
 	unpack := func(what string, cfg interface{ GetTypedConfig() *anypb.Any }, m proto.Message) {
 		t.Helper()
 		if err := cfg.GetTypedConfig().UnmarshalTo(m); err != nil {
@@ -188,6 +172,29 @@ func TestEnvoyConfig(t *testing.T) {
 			}
 		}
 	}
+}
+
+// gatewayBootstrap reads the YAML block after marker in docs/gateway.md as an Envoy bootstrap,
+// with Envoy's own API types.
+func gatewayBootstrap(t *testing.T, marker string) *bootstrapv3.Bootstrap {
+	t.Helper()
+	doc, err := os.ReadFile("../docs/gateway.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tree any
+	if err := yaml.Unmarshal([]byte(fenced(t, string(doc), marker, "yaml")), &tree); err != nil {
+		t.Fatalf("docs/gateway.md: the block after %q is not YAML: %v", marker, err)
+	}
+	js, err := json.Marshal(tree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bs bootstrapv3.Bootstrap
+	if err := protojson.Unmarshal(js, &bs); err != nil {
+		t.Fatalf("docs/gateway.md, the block after %q: not an Envoy bootstrap: %v", marker, err)
+	}
+	return &bs
 }
 
 // fenced returns the first fenced code block of language lang after marker in doc.

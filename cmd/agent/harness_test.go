@@ -57,7 +57,8 @@ func fileExists(p string) bool {
 // reads fail closed and to an emergency bucket (leases of 15 s, long enough to outlive an
 // outage's first checks, on buckets that the tests' checks never run low, so the agent is not paced
 // when an outage begins); ledger barely refills (1 token a day), so its level in Redis is a
-// ledger of what was granted.
+// ledger of what was granted. quota is the quota service's (C = 200, r = 20/s, τ = 2.5 s: a
+// fresh lease backs one-second assignments).
 const e2ePolicy = `
 version: "e2e-1"
 rules:
@@ -93,6 +94,12 @@ rules:
     operations: [read]
     limit: 1/day
     burst: 1000
+  - name: quota
+    routes: ["/quota/{id}"]
+    operations: [read]
+    limit: 20/second
+    burst: 200
+    on_failure: deny
 default:
   limit: 60/minute
   burst: 10

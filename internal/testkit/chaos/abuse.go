@@ -11,6 +11,7 @@ import (
 	"time"
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
@@ -88,6 +89,7 @@ func Abuse(s *Stack, keys *Keys, seed uint64) AbuseResult {
 	res.Probes = append(res.Probes, agentProbes(a, keys)...)
 	res.Probes = append(res.Probes, envoyProbes(a, keys)...)
 	res.Probes = append(res.Probes, rawProbes(a)...)
+	res.Probes = append(res.Probes, quotaProbes(a)...)
 	res.Probes = append(res.Probes, fuzzProbes(a, seed)...)
 	res.Probes = append(res.Probes, coordinatorProbes(coord, keys)...)
 	for _, p := range res.Probes {
@@ -102,6 +104,12 @@ func Abuse(s *Stack, keys *Keys, seed uint64) AbuseResult {
 	} else if n != 1 {
 		fail("%d bucket keys for tenant %s after %d checks on distinct unknown routes, want 1 (the default rule's read bucket)",
 			n, abuseTenant(0), unknownRoutes)
+	}
+	// The quota streams refused as a whole named the bystander's quota bucket: nothing charged it.
+	if n, err := countKeys(s, "lb1:"+bystanderTenant()+"|*"); err != nil {
+		fail("count keys: %v", err)
+	} else if n != 1 {
+		fail("%d bucket keys for tenant %s, want 1 (the ledger's, seeded): a refused quota report charged a bucket", n, bystanderTenant())
 	}
 	after, err := s.HGetAll(bystander)
 	if err != nil {
@@ -546,4 +554,69 @@ func coordinatorProbes(c coordinatorv1.CoordinatorServiceClient, keys *Keys) []P
 	}
 	ps = append(ps, Probe{Target: "coordinator", Name: "return of a negative amount", Want: coordinatorv1.Status_STATUS_INVALID.String(), Got: got})
 	return ps
+}
+
+// quotaProbes sends malformed and abusive rate limit quota streams (envoy.service.rate_limit_quota.v3):
+// each malformed message must end its stream with its documented code and charge nothing, a
+// bucket that maps to no key must get DENY_ALL, and reports of buckets never announced before,
+// with absurd counts, must be answered with actions, not errors.
+func quotaProbes(a *Agent) []Probe {
+	usage := func(id map[string]string, allowed uint64) *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage {
+		return &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{BucketId: &rlqsv3.BucketId{Bucket: id}, NumRequestsAllowed: allowed,
+			NumRequestsDenied: allowed}
+	}
+	id := func(tenant string) map[string]string {
+		return map[string]string{"tenant": tenant, "path": "/quota/{id}", "method": "GET"}
+	}
+	// stream sends msgs and reads the first answer: its first action's strategy, or the code the
+	// stream ended with.
+	stream := func(name, want string, msgs ...*rlqsv3.RateLimitQuotaUsageReports) Probe {
+		ctx, cancel := context.WithTimeout(context.Background(), abuseTimeout)
+		defer cancel()
+		got := ""
+		st, err := rlqsv3.NewRateLimitQuotaServiceClient(a.conn).StreamRateLimitQuotas(ctx)
+		for _, m := range msgs {
+			if err == nil {
+				err = st.Send(m)
+			}
+		}
+		var resp *rlqsv3.RateLimitQuotaResponse
+		if err == nil {
+			resp, err = st.Recv()
+		}
+		switch {
+		case err != nil:
+			got = status.Code(err).String()
+		case len(resp.BucketAction) == 0:
+			got = "no action"
+		case resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() != nil:
+			got = decision
+		default:
+			got = resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetBlanketRule().String()
+		}
+		return Probe{Target: "quota", Name: name, Want: want, Got: got}
+	}
+	msg := func(domain string, us ...*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage) *rlqsv3.RateLimitQuotaUsageReports {
+		return &rlqsv3.RateLimitQuotaUsageReports{Domain: domain, BucketQuotaUsages: us}
+	}
+	wide := id(abuseTenant(3))
+	for i := range 9 {
+		wide[fmt.Sprintf("k%d", i)] = "v"
+	}
+	many := make([]*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage, 1025)
+	for i := range many {
+		many[i] = usage(id(abuseTenant(3)), 1)
+	}
+	unknown := id(abuseTenant(3))
+	unknown["colour"] = "red"
+	return []Probe{
+		stream("first message without a domain", invalid, msg("", usage(id(bystanderTenant()), 1))),
+		stream("another domain", invalid, msg("other", usage(id(bystanderTenant()), 1))),
+		stream("a bucket id of 12 entries beside a valid bucket", invalid, msg("leasebucket", usage(id(bystanderTenant()), 1), usage(wide, 1))),
+		stream("a bucket id value of 3 KiB", invalid, msg("leasebucket", usage(id(strings.Repeat("t", 3<<10)), 1))),
+		stream("1025 usages in one message", invalid, msg("leasebucket", many...)),
+		stream("a bucket of an unknown key", "DENY_ALL", msg("leasebucket", usage(unknown, 1))),
+		stream("a bucket of a tenant no policy can key", "DENY_ALL", msg("leasebucket", usage(id("bad\x00tenant"), 1))),
+		stream("reports of buckets never announced, absurd counts", decision, msg("leasebucket", usage(id(abuseTenant(4)), math.MaxUint64))),
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/leasebucket/leasebucket/internal/testkit/envoyquota"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
 
@@ -60,6 +61,9 @@ type Record struct {
 	Replayed   bool // an idempotent repeat answered without a charge
 	Retry      bool // the repeat of the previous check's idempotency key
 	Envoy      bool // sent through envoy.service.ratelimit.v3
+	// Quota: decided by an Envoy-faithful rate_limit_quota filter on the agent
+	// (envoy.service.rate_limit_quota.v3): Sent and Recv are the moment it admitted or denied.
+	Quota bool
 }
 
 // Spends reports whether the record spent tokens of the global bucket: an allow that is neither
@@ -70,6 +74,10 @@ func (r *Record) Spends() bool { return r.Outcome == OutAllow && !r.Degraded && 
 type LoadConfig struct {
 	Hot, Cold, Churn, Closed, Emergency, Ledger float64
 	ColdTenants                                 int
+	// Quota is the requests per second each agent's Envoy-faithful rate_limit_quota filter
+	// decides (the quota rule, QuotaTenants tenants, far above its rate); 0: none.
+	Quota        float64
+	QuotaTenants int
 	// EnvoyEvery sends every n-th hot, cold, closed and emergency check through Envoy's
 	// ShouldRateLimit instead of Check (0: never).
 	EnvoyEvery int
@@ -100,7 +108,9 @@ type Load struct {
 	hot, ledgerKey *Key
 	cold           []*Key
 	closed, emerg  []*Key
+	quota          []*Key
 	churnSeq       []atomic.Int64
+	filters        []*envoyquota.Filter // per agent, with Quota
 }
 
 // ledgerGate pauses one agent's ledger checks: the harness quiesces the ledger key before a
@@ -132,8 +142,29 @@ func NewLoad(s *Stack, keys *Keys, cfg LoadConfig, seed uint64) (*Load, error) {
 		l.closed = append(l.closed, add(KindClosed, closedTenant(i), closedPath(0), "POST"))
 		l.emerg = append(l.emerg, add(KindEmergency, emergencyTenant(i), emergencyPath(0), "GET"))
 	}
-	return l, err
+	for i := range cfg.QuotaTenants {
+		l.quota = append(l.quota, add(KindQuota, quotaTenant(i), quotaPath(0), "GET"))
+	}
+	if err != nil || cfg.Quota <= 0 {
+		return l, err
+	}
+	qcfg, err := envoyquota.ParseConfig(envoyquota.FilterYAML("leasebucket", quotaReporting, time.Minute,
+		envoyquota.Route{Prefix: "/quota/", Template: "/quota/{id}"}))
+	if err != nil {
+		return l, err
+	}
+	for _, a := range s.Agents {
+		f, err := envoyquota.New(qcfg, a.conn, envoyquota.Options{Now: s.Since})
+		if err != nil {
+			return l, err
+		}
+		l.filters = append(l.filters, f)
+	}
+	return l, nil
 }
+
+// quotaReporting is the Envoy-faithful filters' reporting_interval.
+const quotaReporting = 250 * time.Millisecond
 
 // Start starts every generator.
 func (l *Load) Start() {
@@ -142,7 +173,7 @@ func (l *Load) Start() {
 			kind Kind
 			rate float64
 		}{{KindHot, l.cfg.Hot}, {KindCold, l.cfg.Cold}, {KindChurn, l.cfg.Churn}, {KindClosed, l.cfg.Closed},
-			{KindEmergency, l.cfg.Emergency}, {KindLedger, l.cfg.Ledger}} {
+			{KindEmergency, l.cfg.Emergency}, {KindLedger, l.cfg.Ledger}, {KindQuota, l.cfg.Quota}} {
 			if w.rate <= 0 {
 				continue
 			}
@@ -156,7 +187,8 @@ func (l *Load) Start() {
 	}
 }
 
-// Stop stops every generator and waits for the checks in flight.
+// Stop stops every generator and waits for the checks in flight; the quota filters close their
+// streams.
 func (l *Load) Stop() {
 	select {
 	case <-l.stop:
@@ -164,6 +196,9 @@ func (l *Load) Stop() {
 		close(l.stop)
 	}
 	l.wg.Wait()
+	for _, f := range l.filters {
+		f.Close()
+	}
 }
 
 // Records returns every record, in no particular order. Call it after Stop.
@@ -230,6 +265,10 @@ func (l *Load) run(ai int, kind Kind, rate float64, rng *rand.Rand, slot int) {
 		if late := time.Until(next); late < -every { // fell behind (a slow check): do not catch up in a burst
 			next = time.Now().Add(every)
 		}
+		if kind == KindQuota {
+			local = append(local, l.decide(a, rng))
+			continue
+		}
 		req := l.next(ai, kind, n, rng)
 		gate := &l.ledger[ai]
 		if kind == KindLedger {
@@ -250,6 +289,25 @@ func (l *Load) run(ai int, kind Kind, rate float64, rng *rand.Rand, slot int) {
 			gate.inflight.Add(-1)
 		}
 	}
+}
+
+// decide has agent a's Envoy-faithful filter decide one request of a quota tenant, as Envoy's
+// rate_limit_quota filter would: locally, from its assignment or its fallback.
+func (l *Load) decide(a *Agent, rng *rand.Rand) Record {
+	k := l.quota[rng.IntN(len(l.quota))]
+	g1 := a.Gen()
+	d := l.filters[a.Index].Decide(envoyquota.HTTP(k.Tenant, "GET", quotaPath(rng.IntN(1000))))
+	rec := Record{Sent: d.At, Recv: d.At, Key: int32(k.ID), Cost: int32(k.Cost), Agent: int8(a.Index), Kind: KindQuota,
+		Quota: true, Outcome: OutDeny, Gen: -1}
+	if d.Allowed {
+		// An allow of a fallback (the no-assignment or expired behaviour) is Envoy's emergency
+		// bucket, degraded; the quota rule's fallbacks allow nothing, so any is a finding.
+		rec.Outcome, rec.Degraded = OutAllow, d.Source == envoyquota.NoAssigned || d.Source == envoyquota.Expired
+	}
+	if g2 := a.Gen(); g1 == g2 && g1%2 == 0 {
+		rec.Gen = int32(g1)
+	}
+	return rec
 }
 
 // next builds the n-th check of a generator.

@@ -20,6 +20,9 @@ import (
 //   - emergency: falls back to a per-agent emergency bucket of 2/s, burst 4.
 //   - ledger: refills one token a day, so its level in Redis is a ledger of what was granted.
 //     Its burst is far above what a run spends.
+//   - quota: served to Envoy-faithful rate_limit_quota filters (internal/testkit/envoyquota), one
+//     per agent, offered far more than its rate; fails closed (DENY_ALL fallbacks). τ = 2.5 s, so
+//     a fresh lease backs one-second assignments.
 const PolicyText = `version: "chaos-1"
 
 envoy:
@@ -61,6 +64,14 @@ rules:
     on_failure: emergency
     emergency: {limit: 2/second, burst: 4}
 
+  - name: quota
+    description: Served over the rate limit quota service; Envoys hold the assignments.
+    routes: ["/quota/{id}"]
+    operations: [read]
+    limit: 40/second
+    burst: 400
+    on_failure: deny
+
   - name: ledger
     description: Refills one token a day; Redis' level is a ledger of the grants.
     routes: ["/ledger"]
@@ -84,10 +95,11 @@ const (
 	KindClosed
 	KindEmergency
 	KindLedger
+	KindQuota // requests decided by an Envoy-faithful rate_limit_quota filter on the agent
 	numKinds
 )
 
-var kindNames = [numKinds]string{"hot", "cold", "churn", "closed", "emergency", "ledger"}
+var kindNames = [numKinds]string{"hot", "cold", "churn", "closed", "emergency", "ledger", "quota"}
 
 func (k Kind) String() string {
 	if k < numKinds {
@@ -164,6 +176,8 @@ func closedTenant(i int) string       { return fmt.Sprintf("fc-%d", i) }
 func emergencyTenant(i int) string    { return fmt.Sprintf("em-%d", i) }
 func churnTenant(a, n int) string     { return fmt.Sprintf("churn-%d-%d", a, n) }
 func ledgerTenant() string            { return "ledger" }
+func quotaTenant(i int) string        { return fmt.Sprintf("qt-%d", i) }
+func quotaPath(id int) string         { return fmt.Sprintf("/quota/%d", id) }
 func bystanderTenant() string         { return "bystander" }
 func abuseTenant(i int) string        { return fmt.Sprintf("abuse-%d", i) }
 func coldPath(id int) string          { return fmt.Sprintf("/cold/%d", id) }

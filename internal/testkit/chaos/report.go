@@ -74,14 +74,14 @@ func (rep *Report) Summary() string {
 	if rep.Cluster {
 		redis = "3-master Redis Cluster"
 	}
-	fmt.Fprintf(&b, "%s: %v, %s, %d coordinators, %d agents; %d checks (%d through Envoy's API), %d faults, %d bad inputs, %d violations\n",
+	fmt.Fprintf(&b, "%s: %v, %s, %d coordinators, %d agents; %d checks (%d through Envoy's API, %d decided by Envoy-faithful quota filters), %d faults, %d bad inputs, %d violations\n",
 		rep.Name, rep.Duration.Round(time.Second), redis, rep.Coordinators, rep.Agents, rep.Total.Checks, rep.EnvoyChecks,
-		len(rep.Steps), len(rep.Abuse.Probes), len(rep.Violations))
+		rep.ByKind[KindQuota.String()].Checks, len(rep.Steps), len(rep.Abuse.Probes), len(rep.Violations))
 	l := rep.Check.Ledger
 	fmt.Fprintf(&b, "ledger: debited %.3f, spent %.0f, stranded %.3f (bound %.3f; killed agents held %.0f of it)\n",
 		l.Debited, l.Spent, l.Stranded, l.Bound, l.Held)
 	for _, w := range rep.Check.Windows {
-		if w.Allowed > 0 && (strings.Contains(w.Key, "|/hot|") || strings.Contains(w.Key, "cold-000")) {
+		if w.Allowed > 0 && (strings.Contains(w.Key, "|/hot|") || strings.Contains(w.Key, "cold-000") || strings.Contains(w.Key, ":"+quotaTenant(0)+"|")) {
 			fmt.Fprintf(&b, "fullest window of %s: %.0f tokens in %v, bound %.1f\n", w.Key, w.Tokens, w.Span.Round(time.Millisecond), w.Bound)
 		}
 	}
@@ -109,9 +109,9 @@ func (rep *Report) Markdown(w io.Writer) {
 		fmt.Fprintln(w)
 	}
 
-	fmt.Fprintf(w, "## Load\n\n%d checks over Unix sockets (%d through Envoy's `ShouldRateLimit`), offered per agent: hot %g/s, cold %g/s over %d tenants, churn %g/s (a new tenant each), fail-closed %g/s, emergency %g/s, ledger %g/s.\n\n",
+	fmt.Fprintf(w, "## Load\n\n%d checks over Unix sockets (%d through Envoy's `ShouldRateLimit`), offered per agent: hot %g/s, cold %g/s over %d tenants, churn %g/s (a new tenant each), fail-closed %g/s, emergency %g/s, ledger %g/s; and %g/s over %d tenants of the quota rule decided by an Envoy-faithful rate_limit_quota filter on each agent (kind quota: its local decisions, the time of each its admission).\n\n",
 		rep.Total.Checks, rep.EnvoyChecks, rep.Load.Hot, rep.Load.Cold, rep.Load.ColdTenants, rep.Load.Churn, rep.Load.Closed,
-		rep.Load.Emergency, rep.Load.Ledger)
+		rep.Load.Emergency, rep.Load.Ledger, rep.Load.Quota, rep.Load.QuotaTenants)
 	fmt.Fprintln(w, "| kind | checks | allow | of which degraded | deny (429) | unavailable (503) | errors | p50 | p99 | max |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
 	kinds := make([]string, 0, len(rep.ByKind))
@@ -241,6 +241,8 @@ func kindOfKey(key string) Kind {
 		return KindEmergency
 	case tenant == ledgerTenant():
 		return KindLedger
+	case strings.HasPrefix(tenant, "qt-"):
+		return KindQuota
 	}
 	return KindChurn
 }

@@ -221,3 +221,45 @@ func checkRun(t *testing.T, name string, res sb.Result, measure time.Duration) {
 		t.Errorf("%s: measured for %v, want %v", name, res.Wall, measure)
 	}
 }
+
+// TestQuotaHarness runs BenchmarkQuota's RLQS load for a moment against a real stack and checks
+// what it measures: requests decided, none failed, assignments admitting (the filters' reports
+// reach the agent, which counts the requests they allowed), the agent's CPU time growing. No
+// speed is asserted.
+func TestQuotaHarness(t *testing.T) {
+	redistest.Require(t)
+	bin := binaries(t)
+	ctx := context.Background()
+	stack := sb.StartStack(t, bin, sb.QuotaPolicyYAML())
+	keys := sb.Dist{Kind: sb.Uniform, N: 10}.New(1)
+	// Two reports: the first assignments come after each bucket's first request.
+	tm := sb.Timing{Warmup: 2 * sb.QuotaReporting, Measure: 500 * time.Millisecond}
+	res, err := sb.Measure(ctx, stack, keys, sb.Load{API: sb.Quota, Callers: 4, Envoys: 2, Pause: time.Millisecond}, tm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRun(t, "rlqs", res, tm.Measure)
+	if res.Outcomes[sb.Allowed] == 0 || res.CPU[sb.ProcAgent] <= 0 {
+		t.Errorf("rlqs: %v, agent CPU %v: want requests admitted by assignments, and the agent at work", res.Outcomes, res.CPU[sb.ProcAgent])
+	}
+	proctest.WaitFor(t, 10*time.Second, "the filters' reports to reach the agent", func() bool {
+		n, err := stack.AgentMetric(ctx, "leasebucket_agent_quota_reported_requests_total", `outcome="allowed"`)
+		return err == nil && n > 0
+	})
+	// The rule's leases live 2.5 s: a fresh one backs assignments of a whole second.
+	set, err := policy.Parse("quota.yaml", sb.QuotaPolicyYAML())
+	if err != nil {
+		t.Fatal(err)
+	}
+	route, err := set.Match(sb.Path, sb.Operation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := set.Limits(route, "t0", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := lease.TTL(lim.Bucket); got != 2500*time.Millisecond || route.Rule.Direct {
+		t.Errorf("quota rule: lease lifetime %v, direct %v; want 2.5s with leases", got, route.Rule.Direct)
+	}
+}

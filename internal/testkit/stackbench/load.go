@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/leasebucket/leasebucket/internal/testkit/envoyquota"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
 
@@ -46,6 +47,8 @@ type Load struct {
 	Streams  int           // Stream: streams on the connection, the callers spread evenly over them
 	MaxBatch int           // Stream: most checks in one message
 	Linger   time.Duration // Stream: longest wait for more checks under load (0: none)
+	Envoys   int           // Quota: Envoy-faithful filters, each its own connection, the callers spread evenly over them
+	Pause    time.Duration // Quota: each caller's pause after a request (its client's think time; 0: none)
 }
 
 // Outcome is what a check got.
@@ -103,20 +106,22 @@ func (c *caller) record(measuring bool, d time.Duration, o Outcome, err error) {
 
 // Runner is a running load.
 type Runner struct {
-	load      Load
-	keys      *Keys
-	conn      *grpc.ClientConn
-	ctx       context.Context
-	cancel    context.CancelFunc
-	measuring atomic.Bool
-	callers   []*caller
-	wg        sync.WaitGroup // callers
-	streamWG  sync.WaitGroup // streams' senders and receivers
-	streams   []*checkStream
-	msgs      atomic.Int64
-	msgChecks atomic.Int64
-	begin     time.Time
-	end       time.Time
+	load       Load
+	keys       *Keys
+	conn       *grpc.ClientConn
+	ctx        context.Context
+	cancel     context.CancelFunc
+	measuring  atomic.Bool
+	callers    []*caller
+	wg         sync.WaitGroup // callers
+	streamWG   sync.WaitGroup // streams' senders and receivers
+	streams    []*checkStream
+	filters    []*envoyquota.Filter // Quota
+	quotaConns []*grpc.ClientConn   // Quota: the filters' connections
+	msgs       atomic.Int64
+	msgChecks  atomic.Int64
+	begin      time.Time
+	end        time.Time
 }
 
 // Dial connects to the Unix socket; gRPC connects on first use.
@@ -126,7 +131,7 @@ func Dial(socket string) (*grpc.ClientConn, error) {
 
 // StartLoad starts load against socket, drawing keys from keys; it runs until Stop.
 func StartLoad(socket string, keys *Keys, load Load) (*Runner, error) {
-	if (load.API != Unary && load.API != Stream && load.API != Envoy) || load.Callers < 1 ||
+	if (load.API != Unary && load.API != Stream && load.API != Envoy && load.API != Quota) || load.Callers < 1 ||
 		(load.API == Stream && (load.Streams < 1 || load.MaxBatch < 1)) {
 		return nil, fmt.Errorf("stackbench: invalid load %+v", load)
 	}
@@ -151,11 +156,22 @@ func StartLoad(socket string, keys *Keys, load Load) (*Runner, error) {
 			r.streamWG.Go(func() { r.receive(s) })
 		}
 	}
+	if load.API == Quota {
+		if err := r.startQuota(socket); err != nil {
+			r.stopQuota()
+			r.cancel()
+			_ = conn.Close()
+			return nil, err
+		}
+	}
 	for i := range r.callers {
 		c := &caller{}
 		r.callers[i] = c
 		next := keys.Sampler(i)
 		switch load.API {
+		case Quota:
+			f := r.filters[i%len(r.filters)]
+			r.wg.Go(func() { r.quota(c, f, next) })
 		case Unary:
 			r.wg.Go(func() { r.unary(c, next) })
 		case Stream:
@@ -186,6 +202,7 @@ func (r *Runner) Stop() Window {
 	r.cancel()
 	r.wg.Wait()
 	r.streamWG.Wait()
+	r.stopQuota()
 	_ = r.conn.Close()
 	w := Window{Wall: r.end.Sub(r.begin), Messages: r.msgs.Load(), MessageChecks: r.msgChecks.Load()}
 	for _, c := range r.callers {

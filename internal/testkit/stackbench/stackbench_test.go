@@ -56,6 +56,12 @@ func benchLoad(api sb.API) sb.Load {
 	return sb.Load{API: api, Callers: 64, Streams: 1, MaxBatch: client.DefaultMaxBatch, Linger: client.DefaultLinger}
 }
 
+// benchSetup is what a whole-stack benchmark needs first: Redis, the programs, the timing of a run.
+func benchSetup(b *testing.B) (sb.Binaries, sb.Timing) {
+	redistest.Require(b)
+	return binaries(b), sb.Timing{Warmup: *warmup, Measure: *measure}
+}
+
 // seed makes the key draws of every run the same sequence per caller.
 const seed = 13
 
@@ -73,10 +79,8 @@ var apis = []sb.API{sb.Unary, sb.Stream, sb.Envoy}
 // a Markdown table of every run is printed at the end. What the metrics mean: the README's
 // Performance section. Run it with the default -benchtime (or 1x): each run is time-bound.
 func BenchmarkStack(b *testing.B) {
-	redistest.Require(b)
-	bin := binaries(b)
+	bin, tm := benchSetup(b)
 	ctx := context.Background()
-	tm := sb.Timing{Warmup: *warmup, Measure: *measure}
 	var sum sb.Summary
 	for _, c := range sb.Cases {
 		b.Run(c.Name, func(b *testing.B) {
@@ -128,5 +132,72 @@ func BenchmarkStack(b *testing.B) {
 	fmt.Printf("\nStack benchmark summary: %d CPUs, GOMAXPROCS %d, %s; each run %v measured after %v of warm-up; %d callers\n\n",
 		runtime.NumCPU(), runtime.GOMAXPROCS(0), time.Now().UTC().Format("2006-01-02"), tm.Measure, tm.Warmup, benchLoad(sb.Unary).Callers)
 	sum.Write(os.Stdout)
+	fmt.Println()
+}
+
+// quotaEnvoys is how many Envoy-faithful filters the RLQS load runs: four Envoys on the node, each
+// with its own connection to the agent.
+const quotaEnvoys = 4
+
+// quotaPause is an RLQS caller's pause between requests: 64 callers offer at most 64,000 requests
+// a second, more than RLS admits on the development machine, on the same two cores. 0 makes them
+// decide back to back: what the filters can decide, bounded by the load generator's CPU.
+var quotaPause = flag.Duration("stackbench.quota-pause", time.Millisecond, "BenchmarkQuota: each RLQS caller's pause between requests")
+
+// BenchmarkQuota measures Envoy's two ways to the agent in the same run, on the same stack: RLS
+// (ShouldRateLimit, a call to the agent per request, 64 callers on one connection) and RLQS (four
+// Envoy-faithful rate_limit_quota filters, each its own connection, 64 callers deciding requests
+// locally from the assignments the agent gives them; reports every second). For each case
+// (sb.QuotaCases: one hot key, 1,000 tenants) one stack is started and warmed (every key checked
+// once), then RLS and RLQS are measured back to back; each warms up for -stackbench.warmup (RLQS
+// at least six reporting intervals) and measures for -stackbench.measure. RLQS callers pause
+// -stackbench.quota-pause between requests (quotaPause). It reports admitted requests a second and the agent's CPU per
+// admitted request (agent-cpu-µs/admitted), and for RLQS the ratio of requests admitted per agent
+// CPU-second to RLS's (x-rls-admitted-per-agent-cpu). A table of every run is printed at the end.
+func BenchmarkQuota(b *testing.B) {
+	bin, tm := benchSetup(b)
+	ctx := context.Background()
+	var sum sb.Summary
+	for _, c := range sb.QuotaCases {
+		b.Run(c.Name, func(b *testing.B) {
+			stack := sb.StartStack(b, bin, sb.QuotaPolicyYAML())
+			keys := c.Keys.New(seed)
+			if _, err := sb.Warm(ctx, stack.Socket(), keys, sb.Settle); err != nil {
+				b.Fatal(err)
+			}
+			for _, api := range []sb.API{sb.Envoy, sb.Quota} {
+				b.Run(string(api), func(b *testing.B) {
+					load := benchLoad(api)
+					load.Envoys, load.Pause = quotaEnvoys, *quotaPause
+					t := tm
+					if api == sb.Quota {
+						// Six reports: each bucket's first assignment is sized from one request, the
+						// next ones from a report's interval of demand, and the leases grow to it.
+						t.Warmup = max(t.Warmup, 6*sb.QuotaReporting)
+					}
+					res, err := sb.Measure(ctx, stack, keys, load, t)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if res.Outcomes[sb.Failed] > 0 {
+						b.Errorf("%d of %d requests failed; the first: %v", res.Outcomes[sb.Failed], res.Checks(), res.Err)
+					}
+					res.Case, res.Mode = c.Name, sb.Lease
+					sum.Add(res)
+					res.Report(b)
+					b.ReportMetric(res.Admitted(), "admitted/s")
+					b.ReportMetric(res.AgentCPUPerAdmitted(), "agent-cpu-µs/admitted")
+					if rls := sum.Find(c.Name, sb.Envoy, sb.Lease); api == sb.Quota && rls != nil {
+						b.ReportMetric(res.AdmittedPerAgentSecond()/rls.AdmittedPerAgentSecond(), "x-rls-admitted-per-agent-cpu")
+						b.ReportMetric(res.Admitted()/rls.Admitted(), "x-rls-admitted/s")
+					}
+				})
+			}
+		})
+	}
+	fmt.Printf("\nQuota benchmark summary (RLS against RLQS): %d CPUs, GOMAXPROCS %d, %s; each run %v measured after %v of warm-up (RLQS %v); %d callers, RLQS through %d Envoy-faithful filters, pausing %v between requests\n\n",
+		runtime.NumCPU(), runtime.GOMAXPROCS(0), time.Now().UTC().Format("2006-01-02"), tm.Measure, tm.Warmup, max(tm.Warmup, 6*sb.QuotaReporting),
+		benchLoad(sb.Envoy).Callers, quotaEnvoys, *quotaPause)
+	sum.WriteQuota(os.Stdout)
 	fmt.Println()
 }

@@ -1,0 +1,456 @@
+package agent
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/clock"
+	"github.com/leasebucket/leasebucket/policy"
+)
+
+// Bounds of a StreamRateLimitQuotas call. A message beyond them ends the stream with
+// INVALID_ARGUMENT (RESOURCE_EXHAUSTED for too many buckets); nothing of that message is applied.
+const (
+	// MaxQuotaUsages bounds the bucket usages of one report message. Envoy reports every bucket it
+	// holds in one message each reporting interval; a thousand is far beyond what a route table
+	// with templates produces, and a message of them is answered within a millisecond.
+	MaxQuotaUsages = 1024
+	// MaxQuotaBuckets bounds the buckets one stream holds (about 500 bytes each): an Envoy whose
+	// bucket ids carry raw paths or another unbounded value would otherwise grow the agent without
+	// end. Bucket ids should name route templates (docs/gateway.md).
+	MaxQuotaBuckets = 65536
+)
+
+// AssignmentMargin bounds the time from the moment the agent sends an assignment until Envoy
+// applies it, plus how late Envoy's expiry timer may fire: an assignment sent at s with a time to
+// live of ttl admits nothing after s + ttl + AssignmentMargin. Every assignment ends by then within
+// its lease, and Envoy's token bucket may refill over ttl + AssignmentMargin
+// (docs/leases.md, "Assignments"). A local socket delivers in microseconds and Envoy's main thread
+// posts to its workers in about as long; a tenth of a second leaves room for a loaded machine.
+const AssignmentMargin = 100 * time.Millisecond
+
+const (
+	// DefaultQuotaIdle is how long a bucket goes without a reported request before the agent
+	// abandons it (Envoy forgets it and subscribes again at its next request): its assignments
+	// cost a reservation each, and an idle bucket's are returned.
+	// Abandoning has a price: Envoy applies its no_assignment_behavior to a bucket it subscribes
+	// to again until the first assignment arrives (a fail-closed route denies that first request).
+	DefaultQuotaIdle = time.Minute
+
+	// quotaRefreshLead is how long before an assignment ends the agent sends the next one: the
+	// margin for the assignment to reach Envoy, and as much again for a refill on the way.
+	quotaRefreshLead = 2 * AssignmentMargin
+
+	// quotaWaitBound bounds the wait of a bucket's reservation for a refill; past it the key is
+	// treated as unreachable (the refresher's call timeout, 500 ms, and a retry fit within it).
+	quotaWaitBound = 2 * time.Second
+
+	// quotaRetryFloor is the soonest a refused or failing bucket is asked about again.
+	quotaRetryFloor = 100 * time.Millisecond
+
+	// quotaInvalidTTL is the life of the DENY_ALL assignment of a bucket the agent cannot map (it
+	// is mapped again when it runs out, in case the policy changed).
+	quotaInvalidTTL = time.Minute
+
+	// quotaAllowTTL is the life of the ALLOW_ALL assignment of a shadow rule's bucket.
+	quotaAllowTTL = 30 * time.Second
+
+	// quotaRefillAllowance is what a refill's round trip may take off a fresh lease's life before
+	// a reservation can be made from it.
+	quotaRefillAllowance = 50 * time.Millisecond
+
+	// quotaBurstAllowance is the burst an assignment gives beyond the pace of the requests Envoy
+	// reported: a tenth of a second of them (a paced bucket replaced early loses at most its burst).
+	quotaBurstAllowance = 100 * time.Millisecond
+
+	// maxAssignTokens bounds the requests one token bucket assignment may hold: max_tokens and
+	// tokens_per_fill are 32-bit.
+	maxAssignTokens = 1 << 31
+)
+
+// quotaService is Envoy's rate limit quota service (envoy.service.rate_limit_quota.v3) over the
+// agent's leases: Envoy holds quota assignments and enforces them itself, so a request never
+// leaves the proxy; the agent backs every assignment with tokens reserved from a lease
+// (Limiter.Reserve). One quotaStream serves each StreamRateLimitQuotas call; the service keeps
+// what the streams share: the demand each key's buckets report.
+type quotaService struct {
+	rlqsv3.UnimplementedRateLimitQuotaServiceServer
+	s    *Server
+	idle time.Duration
+
+	mu     sync.Mutex
+	demand map[string]map[*quotaBucket]float64 // bucket key → each bucket's offered requests per second
+}
+
+func newQuotaService(s *Server, idle time.Duration) *quotaService {
+	if idle <= 0 {
+		idle = DefaultQuotaIdle
+	}
+	return &quotaService{s: s, idle: idle, demand: map[string]map[*quotaBucket]float64{}}
+}
+
+// StreamRateLimitQuotas implements envoy.service.rate_limit_quota.v3.RateLimitQuotaService.
+func (qs *quotaService) StreamRateLimitQuotas(stream grpc.BidiStreamingServer[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse]) error {
+	st := &quotaStream{qs: qs, s: qs.s, stream: stream, ctx: stream.Context(), buckets: map[string]*quotaBucket{},
+		ready: make(chan *quotaBucket), done: make(chan struct{}), fresh: qs.s.clk.Now}
+	if f, ok := qs.s.clk.(interface{ Fresh() clock.Nanos }); ok {
+		st.fresh = f.Fresh
+	}
+	qs.s.metrics.quota().stream(1)
+	defer qs.s.metrics.quota().stream(-1)
+	err := st.run()
+	if c := status.Code(err); c == codes.InvalidArgument || c == codes.ResourceExhausted {
+		qs.s.log.Warn("rate limit quota stream refused", zap.Error(err))
+	}
+	return err
+}
+
+// observe records bucket b's offered rate (requests per second) for key and feeds the sum over
+// the key's buckets on every stream into the key's demand; rate < 0 forgets b.
+func (qs *quotaService) observe(b *quotaBucket, key string, rate float64) {
+	qs.mu.Lock()
+	if b.key != "" && b.key != key {
+		qs.forgetLocked(b)
+	}
+	if rate < 0 || key == "" {
+		qs.forgetLocked(b)
+		qs.mu.Unlock()
+		return
+	}
+	b.key = key
+	m := qs.demand[key]
+	if m == nil {
+		m = map[*quotaBucket]float64{}
+		qs.demand[key] = m
+	}
+	m[b] = rate
+	var sum float64
+	for _, r := range m {
+		sum += r
+	}
+	qs.mu.Unlock()
+	if unit := b.unit; unit > 0 && sum > 0 {
+		_ = qs.s.lim.ObserveDemand(b.q, bucket.Micro(min(sum*float64(unit), float64(bucket.MaxExact))))
+	}
+}
+
+func (qs *quotaService) forgetLocked(b *quotaBucket) {
+	if m := qs.demand[b.key]; m != nil {
+		delete(m, b)
+		if len(m) == 0 {
+			delete(qs.demand, b.key)
+		}
+	}
+	b.key = ""
+}
+
+// quotaStream is one StreamRateLimitQuotas call: one goroutine (run) owns its buckets and sends
+// its answers; a receiver goroutine hands it the reports, and a goroutine per reservation waiting
+// for a refill tells it when the refill came.
+type quotaStream struct {
+	qs     *quotaService
+	s      *Server
+	stream grpc.BidiStreamingServer[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse]
+	ctx    context.Context
+	fresh  func() clock.Nanos
+
+	domain  string // from the first report
+	buckets map[string]*quotaBucket
+	due     dueHeap
+	actions []*rlqsv3.RateLimitQuotaResponse_BucketAction // to send when the event is handled
+	warned  bool                                          // an unmappable bucket was logged
+
+	ready chan *quotaBucket // a reservation's wait ended
+	done  chan struct{}     // closed when run ends: waiters give up
+	wg    sync.WaitGroup    // waiters
+}
+
+func (st *quotaStream) run() error {
+	defer st.close()
+	msgs := make(chan *rlqsv3.RateLimitQuotaUsageReports)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			m, err := st.stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-st.done:
+				return
+			}
+		}
+	}()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		select {
+		case m := <-msgs:
+			if err := st.onReports(m); err != nil {
+				return err
+			}
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		case b := <-st.ready:
+			st.onReady(b)
+		case <-timer.C:
+			st.onDue()
+		case <-st.s.draining:
+			_ = st.flush()
+			return status.Error(codes.Unavailable, "agent: shutting down")
+		case <-st.ctx.Done():
+			return status.FromContextError(st.ctx.Err()).Err()
+		}
+		if err := st.flush(); err != nil {
+			return err
+		}
+		wait := time.Hour
+		if len(st.due) > 0 {
+			wait = max(0, (st.due[0].dueAt - st.s.clk.Now()).Duration())
+		}
+		timer.Reset(wait)
+	}
+}
+
+// close ends the stream's business with the Limiter: waiting reservations are dropped, and each
+// bucket's assignments are settled with what Envoy may still admit of them (nothing is known of
+// it after the last report), the rest released.
+func (st *quotaStream) close() {
+	close(st.done)
+	st.wg.Wait()
+	now := st.fresh()
+	for _, b := range st.buckets {
+		st.forget(now, b)
+	}
+}
+
+// flush sends the actions the last event produced, as one response.
+func (st *quotaStream) flush() error {
+	if len(st.actions) == 0 {
+		return nil
+	}
+	resp := &rlqsv3.RateLimitQuotaResponse{BucketAction: st.actions}
+	st.actions = nil
+	return st.stream.Send(resp)
+}
+
+// onReports handles one message: it is validated as a whole (nothing of a malformed message is
+// applied), then each usage is a report of its bucket.
+func (st *quotaStream) onReports(m *rlqsv3.RateLimitQuotaUsageReports) error {
+	set := st.s.lim.Policy()
+	if err := st.validate(set, m); err != nil {
+		st.s.metrics.quota().refused()
+		return err
+	}
+	now := st.s.clk.Now()
+	for _, u := range m.BucketQuotaUsages {
+		sig := bucketSig(u.BucketId.Bucket)
+		b := st.buckets[sig]
+		if b == nil {
+			b = &quotaBucket{sig: sig, id: u.BucketId, activeAt: now, index: -1}
+			st.buckets[sig] = b
+			st.s.metrics.quota().bucket(1)
+		}
+		st.report(now, b, u)
+	}
+	return nil
+}
+
+// validate checks a message against the stream's bounds and domain.
+func (st *quotaStream) validate(set *policy.Set, m *rlqsv3.RateLimitQuotaUsageReports) error {
+	domain := set.Envoy().Domain
+	switch {
+	case len(m.Domain) > MaxEnvoyValue:
+		return status.Errorf(codes.InvalidArgument, "agent: domain of %d bytes, at most %d", len(m.Domain), MaxEnvoyValue)
+	case st.domain == "" && m.Domain == "":
+		return status.Error(codes.InvalidArgument, "agent: the first report of a stream names no domain")
+	case st.domain == "" && m.Domain != domain:
+		return status.Errorf(codes.InvalidArgument, "agent: domain %q is not served here; the policy's envoy.domain is %q", m.Domain, domain)
+	case st.domain != "" && m.Domain != "" && m.Domain != st.domain:
+		return status.Errorf(codes.InvalidArgument, "agent: domain %q after %q: a stream serves one domain", m.Domain, st.domain)
+	case len(m.BucketQuotaUsages) > MaxQuotaUsages:
+		return status.Errorf(codes.InvalidArgument, "agent: %d bucket usages in one message, at most %d", len(m.BucketQuotaUsages), MaxQuotaUsages)
+	}
+	if st.domain == "" {
+		st.domain = m.Domain
+	}
+	added := map[string]bool{}
+	for i, u := range m.BucketQuotaUsages {
+		id := u.GetBucketId().GetBucket()
+		switch {
+		case len(id) == 0:
+			return status.Errorf(codes.InvalidArgument, "agent: usage %d has no bucket_id", i)
+		case len(id) > MaxEnvoyEntries:
+			return status.Errorf(codes.InvalidArgument, "agent: usage %d: bucket_id of %d entries, at most %d", i, len(id), MaxEnvoyEntries)
+		}
+		for k, v := range id {
+			if len(k) > MaxEnvoyValue || len(v) > MaxEnvoyValue {
+				return status.Errorf(codes.InvalidArgument, "agent: usage %d: bucket_id entry of a %d-byte key and a %d-byte value, at most %d each",
+					i, len(k), len(v), MaxEnvoyValue)
+			}
+		}
+		if sig := bucketSig(id); st.buckets[sig] == nil {
+			added[sig] = true
+		}
+	}
+	if n := len(st.buckets) + len(added); n > MaxQuotaBuckets {
+		return status.Errorf(codes.ResourceExhausted, "agent: %d buckets on one stream, at most %d: bucket ids should name route templates, not raw paths",
+			n, MaxQuotaBuckets)
+	}
+	return nil
+}
+
+// bucketSig is a bucket id's identity: its entries sorted by key, each quoted (the order of a
+// bucket id's entries does not matter).
+func bucketSig(id map[string]string) string {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(id)) {
+		b.WriteString(strconv.Quote(k) + "=" + strconv.Quote(id[k]) + ",")
+	}
+	return b.String()
+}
+
+// quotaQuery maps a bucket id to a check, as the policy's envoy section maps a descriptor: its
+// tenant_key entry is the tenant, route_key the path (a request path or a route template of the
+// policy, /orders/{id}), operation_key the operation. Any other key is refused.
+func quotaQuery(m policy.Envoy, id map[string]string) (Query, error) {
+	var q Query
+	var tenant, path bool
+	for k, v := range id {
+		switch k {
+		case m.TenantKey:
+			q.Tenant, tenant = v, true
+		case m.RouteKey:
+			q.Path, path = v, true
+		case m.OperationKey:
+			q.Operation = v
+		default:
+			return Query{}, fmt.Errorf("%w: unknown bucket_id key %q; this agent reads %q, %q and %q",
+				ErrInvalidRoute, k, m.TenantKey, m.RouteKey, m.OperationKey)
+		}
+	}
+	switch {
+	case !tenant:
+		return Query{}, fmt.Errorf("%w: no %q entry in the bucket_id", ErrInvalidTenant, m.TenantKey)
+	case !path:
+		return Query{}, fmt.Errorf("%w: no %q entry in the bucket_id", ErrInvalidRoute, m.RouteKey)
+	}
+	return q, nil
+}
+
+// action queues a bucket action for the next response.
+func (st *quotaStream) action(b *quotaBucket, a *rlqsv3.RateLimitQuotaResponse_BucketAction) {
+	a.BucketId = b.id
+	st.actions = append(st.actions, a)
+}
+
+// schedule sets when b is next looked at (at most one time per bucket).
+func (st *quotaStream) schedule(b *quotaBucket, at clock.Nanos) {
+	b.dueAt = at
+	if b.index >= 0 {
+		heap.Fix(&st.due, b.index)
+		return
+	}
+	heap.Push(&st.due, b)
+}
+
+func (st *quotaStream) unschedule(b *quotaBucket) {
+	if b.index >= 0 {
+		heap.Remove(&st.due, b.index)
+	}
+}
+
+// onDue looks at every bucket whose time came.
+func (st *quotaStream) onDue() {
+	now := st.s.clk.Now()
+	for len(st.due) > 0 && st.due[0].dueAt <= now {
+		b := heap.Pop(&st.due).(*quotaBucket)
+		st.refresh(now, b, false)
+	}
+}
+
+// wait makes b wait for its reservation's refill.
+func (st *quotaStream) wait(b *quotaBucket, t *Ticket) {
+	b.ticket = t
+	st.wg.Go(func() {
+		timer := time.NewTimer(quotaWaitBound)
+		defer timer.Stop()
+		select {
+		case <-t.Ready():
+		case <-timer.C:
+		case <-st.done:
+			return
+		}
+		select {
+		case st.ready <- b:
+		case <-st.done:
+		}
+	})
+}
+
+// onReady completes the reservation b waited for (or gives up on it past the wait bound).
+func (st *quotaStream) onReady(b *quotaBucket) {
+	t := b.ticket
+	if t == nil || st.buckets[b.sig] != b {
+		return // abandoned meanwhile: the ticket was dropped then
+	}
+	b.ticket = nil
+	now := st.s.clk.Now()
+	select {
+	case <-t.Ready():
+	default:
+		st.s.lim.Unreserve(now, t)
+		st.failing(now, b, Verdict{Outcome: Unavailable, RetryAfter: quotaRetryFloor, Degraded: b.emergency})
+		return
+	}
+	r, v := st.s.lim.Reserved(now, t, b.ask)
+	if v.Outcome == Wait {
+		st.refresh(now, b, false)
+		return
+	}
+	st.decided(now, b, r, v)
+}
+
+// dueHeap orders buckets by when they are next looked at.
+type dueHeap []*quotaBucket
+
+func (h dueHeap) Len() int           { return len(h) }
+func (h dueHeap) Less(i, j int) bool { return h[i].dueAt < h[j].dueAt }
+func (h dueHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *dueHeap) Push(x any) {
+	b := x.(*quotaBucket)
+	b.index = len(*h)
+	*h = append(*h, b)
+}
+func (h *dueHeap) Pop() any {
+	old := *h
+	b := old[len(old)-1]
+	old[len(old)-1] = nil
+	b.index = -1
+	*h = old[:len(old)-1]
+	return b
+}

@@ -1,0 +1,69 @@
+package agent
+
+import (
+	"testing"
+	"time"
+
+	"github.com/leasebucket/leasebucket/internal/clock"
+	"github.com/leasebucket/leasebucket/internal/lease"
+)
+
+// TestTokenBucketFor: every assignment's token bucket admits at most the k requests reserved for
+// it over its life (ttl plus the margin), however its requests come (a continuously refilled
+// bucket admits at most bMax + f·t by t), whatever the pace asked for; holds at least one token,
+// refills at least one a second and no faster than asked, is paced as asked when k covers the pace
+// over the life, and keeps a whole-second ttl whole.
+func TestTokenBucketFor(t *testing.T) {
+	ttls := []time.Duration{20 * time.Millisecond, 400 * time.Millisecond, 899 * time.Millisecond,
+		time.Second, 2 * time.Second, 7 * time.Second, 15 * time.Second}
+	for k := int64(1); k <= 3000; k += 1 + k/7 {
+		for _, ttl := range ttls {
+			for _, rate := range []float64{0, 0.5, 1, 7, 100, 2999, 1e9} {
+				bMax, f, got := tokenBucketFor(k, ttl, rate)
+				life := got + AssignmentMargin
+				most := bMax + f*int64(life/time.Millisecond)/1000 // ⌊bMax + f·life⌋
+				switch {
+				case bMax < 1 || f < 1:
+					t.Fatalf("tokenBucketFor(%d, %v) = %d, %d: want at least one token and one a second", k, ttl, bMax, f)
+				case most > k:
+					t.Fatalf("tokenBucketFor(%d, %v) = %d + %d/s for %v: admits %d over its life, more than %d", k, ttl, bMax, f, got, most, k)
+				case got > ttl:
+					t.Fatalf("tokenBucketFor(%d, %v): ttl grew to %v", k, ttl, got)
+				case ttl >= time.Second && k >= 2 && got%time.Second != 0:
+					t.Fatalf("tokenBucketFor(%d, %v): ttl %v is not whole seconds", k, ttl, got)
+				case f > 1 && float64(f) > rate:
+					t.Fatalf("tokenBucketFor(%d, %v, %v): %d a second, faster than asked", k, ttl, rate, f)
+				}
+			}
+		}
+	}
+}
+
+// TestPlanAssignments: a fresh lease of any lifetime backs an assignment: the life a reservation
+// asks for fits in what a refill leaves of the lease, and the ttl planned from a reservation ends,
+// with the margin, before the reservation does; leases of a second and a half or more give ttls of
+// whole seconds.
+func TestPlanAssignments(t *testing.T) {
+	for tau := lease.MinTTL; tau <= lease.MaxTTL; tau += 37 * time.Millisecond {
+		p := planAssignments(tau)
+		fresh := tau - clock.Guard.Duration() - quotaRefillAllowance
+		if p.life > fresh {
+			t.Fatalf("τ = %v: a reservation asks for %v of life, a fresh lease has %v", tau, p.life, fresh)
+		}
+		if tau >= 1500*time.Millisecond && !p.whole {
+			t.Fatalf("τ = %v: want whole-second ttls", tau)
+		}
+		for left := p.life; left <= fresh; left += 50 * time.Millisecond {
+			exp := clock.Of(left)
+			ttl := p.ttl(0, exp)
+			switch {
+			case ttl <= 0:
+				t.Fatalf("τ = %v, %v left: no ttl", tau, left)
+			case clock.Of(ttl+AssignmentMargin) > exp:
+				t.Fatalf("τ = %v, %v left: ttl %v ends past the reservation", tau, left, ttl)
+			case p.whole && (ttl < time.Second || ttl%time.Second != 0):
+				t.Fatalf("τ = %v, %v left: ttl %v, want whole seconds", tau, left, ttl)
+			}
+		}
+	}
+}
