@@ -307,22 +307,23 @@ var cases = []testCase{
 		// b takes 6 of 10, the bucket covers it and keeps a quarter: no contention.
 		f.take(take("b", 1, 6*tok, tok, 3*tok), want{granted: 6 * tok, remaining: 4 * tok, now: f.now})
 		// a wants 8 of 4: contended. a's demand is 9 of the key's 12 tokens/s (overloaded: more than
-		// the 10 it refills): 750‰ of the 10 the bucket refills over a lifetime, 7 whole tokens, cut
-		// to the 4 held; a waits until 750‰ of the refill covers 4 tokens: 400 ms at the full rate,
-		// 534 at its share (more than its floor, the others' 250‰ of a lifetime).
+		// the 10 it refills): 750‰ of the 10 the bucket refills over a lifetime plus the 4 it holds
+		// (at most the capacity, 10), at most its demand over three quarters of a lifetime (6.75),
+		// 6 whole tokens, cut to the 4 held; a waits until 750‰ of the refill covers 4 tokens: 400 ms
+		// at the full rate, 534 at its share (more than its floor, the others' 250‰ of a lifetime).
 		r := take("a", 1, 8*tok, tok, 9*tok)
 		f.take(r, want{granted: 4 * tok, remaining: 0, now: f.now, pace: 534})
 		f.take(r, want{granted: 4 * tok, remaining: 0, now: f.now, pace: 534, replayed: true})
 		// b, denied: its 250‰ share needs 400 ms for a token, but on an overloaded key it waits at
-		// least the others' share of a lifetime, 750 ms.
+		// least the others' share of a lifetime, 750 ms (also the longest pace).
 		f.take(take("b", 2, 5*tok, tok, 3*tok), want{retry: 100, now: f.now, pace: 750})
 		// A second later the bucket is full again and a asks for 3: not low, but the key's agents
 		// compete and it is still overloaded, so a stays under the rule: its lease is its share of
-		// what refilled since it last took (750‰ of 10 tokens, 7 whole ones; its demand over a
-		// lifetime, 9, does not cut it), whatever it asked for, paced 934 ms (700 ms of refill at
-		// its 750‰).
+		// what refilled since it last took and what the bucket holds (750‰ of 10, the capacity),
+		// at most its demand until it asks again (6.75 tokens): 6 whole ones, whatever it asked
+		// for, paced 750 ms (600 ms of refill at its 750‰ is 800, above the longest pace).
 		f.advance(1000)
-		f.take(take("a", 2, 3*tok, tok, 9*tok), want{granted: 7 * tok, remaining: 3 * tok, now: f.now, pace: 934})
+		f.take(take("a", 2, 3*tok, tok, 9*tok), want{granted: 6 * tok, remaining: 4 * tok, now: f.now, pace: 750})
 		// Two lifetimes later a's demand is stale: b alone asks for 3 tokens/s, less than the
 		// bucket refills: it is refilling, nothing is cut or paced.
 		f.advance(2*ttl + 1)
