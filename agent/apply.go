@@ -20,15 +20,15 @@ type Reply struct {
 type Failure uint8
 
 const (
-	// Answered: the coordinator answered; the reply holds its answer.
+	// Answered means the coordinator answered; the reply holds its answer.
 	Answered Failure = iota
-	// NotApplied: the coordinator refused the call (malformed, credentials, shutting down): the
+	// NotApplied means the coordinator refused the call (malformed, credentials, shutting down): the
 	// store did nothing.
 	NotApplied
-	// UnknownPolicy: the coordinator does not know this agent's policy version: nothing was
+	// UnknownPolicy means the coordinator does not know this agent's policy version: nothing was
 	// applied, and the shell reloads the policy.
 	UnknownPolicy
-	// MaybeApplied: no answer, and the store may have applied the call (a timeout, a connection
+	// MaybeApplied means no answer, and the store may have applied the call (a timeout, a connection
 	// lost, the store timing out). A refill of its keys sends its seq again.
 	MaybeApplied
 )

@@ -169,6 +169,3 @@ func (e *entry) prefetchDoneLocked() {
 		e.refilling.Store(false)
 	}
 }
-
-// ttl is the lifetime of the leases of e's limit.
-func (e *entry) ttl() clock.Nanos { return clock.Of(lease.TTL(e.lim.Bucket)) }

@@ -20,11 +20,11 @@ import (
 
 // denial is one 429 of a key, with where it was counted.
 type denial struct {
-	at     int64 // ns
-	cost   int64 // µ
-	ident  int32
-	region int32
-	false_ bool
+	at       int64 // ns
+	cost     int64 // µ
+	ident    int32
+	region   int32
+	wasteful bool
 }
 
 // waste is what a lease of a key left unspent and unused: amount µ over [from, to] (ns).
@@ -36,7 +36,7 @@ type waste struct {
 // denied records a 429 of rq on key k (in region g) at t; full says the key's bucket was full
 // then (its refill being discarded): that denial is false at once.
 func (k *key) denied(t int64, rq *request, g int, full bool) {
-	k.denials = append(k.denials, denial{at: t, cost: rq.micro, ident: rq.ident, region: int32(g), false_: full})
+	k.denials = append(k.denials, denial{at: t, cost: rq.micro, ident: rq.ident, region: int32(g), wasteful: full})
 }
 
 // wasted records amount µ of k that sat unused from from to to (ns) and will never be spent.
@@ -71,7 +71,7 @@ func (w *world) matchFalseDenies(k *key) {
 		return i
 	}
 	for i := range d {
-		if d[i].false_ {
+		if d[i].wasteful {
 			next[i] = int32(i + 1)
 		}
 	}
@@ -81,14 +81,14 @@ func (w *world) matchFalseDenies(k *key) {
 		for int(i) < len(d) && d[i].at <= ws.to && left > 0 {
 			if d[i].cost <= left {
 				left -= d[i].cost
-				d[i].false_ = true
+				d[i].wasteful = true
 				next[i] = i + 1
 			}
 			i = find(i + 1)
 		}
 	}
 	for i := range d {
-		if !d[i].false_ {
+		if !d[i].wasteful {
 			continue
 		}
 		id := &w.idents[d[i].ident]

@@ -145,7 +145,8 @@ type Demand struct {
 const (
 	// MinSample is the shortest window a demand sample is measured over.
 	MinSample = 100 * time.Millisecond
-	// IdleAfter: a sample longer than this replaces the estimate instead of averaging with it.
+	// IdleAfter is how long a sample may span and still average with the estimate: a longer one
+	// replaces it.
 	// Two seconds is longer than the leases of most buckets (τ is a quarter of the fill time) and
 	// short enough that a key that went quiet gets small leases at its next check.
 	IdleAfter = 2 * time.Second
