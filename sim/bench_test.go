@@ -37,7 +37,7 @@ traffic:
 // BenchmarkSimulatedChecks measures simulated checks per wall second: every check is a real
 // Limiter.Check, checked against the oracle and the admission bound.
 func BenchmarkSimulatedChecks(b *testing.B) {
-	sc, err := Parse("bench.yaml", []byte(benchScenario))
+	sc, err := parseScenario("bench.yaml", []byte(benchScenario))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -46,7 +46,7 @@ func BenchmarkSimulatedChecks(b *testing.B) {
 	var elapsed time.Duration
 	for b.Loop() {
 		start := time.Now()
-		res, err := Run(sc, Options{})
+		res, err := runScenario(sc, Options{})
 		elapsed += time.Since(start)
 		if err != nil {
 			b.Fatal(err)

@@ -62,8 +62,8 @@ type Benchmark struct {
 	Metrics map[string]float64 `json:"metrics"`
 }
 
-// BenchSchema is the bench JSON's format (docs/coordinator.md, "bench/latest.json").
-const BenchSchema = "leasebucket-bench/1"
+// benchSchema is the bench JSON's format (docs/coordinator.md, "bench/latest.json").
+const benchSchema = "leasebucket-bench/1"
 
 // ReadBench reads benchmark results: the JSON of `make bench` — an object with schema
 // leasebucket-bench/1 whose "benchmarks" lists name, package, ns_per_op and metrics (custom
@@ -92,8 +92,8 @@ func ReadBench(path string) ([]Benchmark, string, error) {
 		if err2 := json.Unmarshal(data, &doc); err2 != nil {
 			return nil, "", fmt.Errorf("sim: %s: %w", path, err)
 		}
-		if doc.Schema != "" && doc.Schema != BenchSchema {
-			return nil, "", fmt.Errorf("sim: %s: schema %q, want %q", path, doc.Schema, BenchSchema)
+		if doc.Schema != "" && doc.Schema != benchSchema {
+			return nil, "", fmt.Errorf("sim: %s: schema %q, want %q", path, doc.Schema, benchSchema)
 		}
 		list = doc.Benchmarks
 	}
@@ -232,10 +232,10 @@ type Plan struct {
 	Missing         []string // figures neither measured nor given
 }
 
-// PlanCapacity computes the plan from a run of a capacity scenario. Each figure comes from the
+// planCapacity computes the plan from a run of a capacity scenario. Each figure comes from the
 // first of: override (the command line), the benchmark results, the scenario's figures, its
 // assumptions (labelled as such).
-func PlanCapacity(res *Result, spec *CapacitySpec, bench Measured, override Figures) *Plan {
+func planCapacity(res *Result, spec *CapacitySpec, bench Measured, override Figures) *Plan {
 	p := &Plan{
 		Peak: float64(spec.PeakChecksPerSecond), Utilisation: spec.TargetUtilisation, Agents: res.Agents,
 		CardReplica: float64(spec.CardReplicaChecksPerSecond), Bench: bench.File,

@@ -70,7 +70,7 @@ func TestPlanCapacity(t *testing.T) {
 		Assume: Figures{RedisKeyOpsPerSecond: 10e3}}
 	bench := Measured{File: "bench.json",
 		AgentCheckNs: Figure{50, "bench"}, CoordinatorItems: Figure{50e3, "bench"}, RedisOps: Figure{100e3, "bench"}}
-	p := PlanCapacity(res, spec, bench, Figures{RedisOpsPerSecond: 70e3})
+	p := planCapacity(res, spec, bench, Figures{RedisOpsPerSecond: 70e3})
 	// The card: ceil(1.2M / (80K × 0.6)) = 25.
 	if p.CardReplicas != 25 {
 		t.Errorf("card replicas %d, want 25", p.CardReplicas)
@@ -94,7 +94,7 @@ func TestPlanCapacity(t *testing.T) {
 	if len(p.Missing) != 0 {
 		t.Errorf("missing %v", p.Missing)
 	}
-	if p := PlanCapacity(res, spec, Measured{}, Figures{}); len(p.Missing) != 3 || p.Coordinators != 0 {
+	if p := planCapacity(res, spec, Measured{}, Figures{}); len(p.Missing) != 3 || p.Coordinators != 0 {
 		t.Errorf("without figures: missing %v, %d coordinators", p.Missing, p.Coordinators)
 	}
 }

@@ -187,9 +187,9 @@ func (w *world) pop() event {
 	return top
 }
 
-// Run simulates sc once. The error is for a scenario the core rejects (a malformed check); a
+// runScenario simulates sc once. The error is for a scenario the core rejects (a malformed check); a
 // broken bound is not an error but a Violation in the Result.
-func Run(sc *Scenario, opts Options) (*Result, error) {
+func runScenario(sc *Scenario, opts Options) (*Result, error) {
 	w, err := newWorld(sc, opts)
 	if err != nil {
 		return nil, err

@@ -54,7 +54,7 @@ func WriteReport(dir string, outs []*Outcome) error {
 		}
 	}
 	var b bytes.Buffer
-	if err := Markdown(&b, outs); err != nil {
+	if err := markdown(&b, outs); err != nil {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "report.md"), b.Bytes(), 0o644); err != nil {
@@ -219,8 +219,8 @@ func sweepPlots(s *SweepResult) []sweepPlot {
 	}
 }
 
-// Markdown writes the report of outs. It reads no clock: the same outcomes give the same bytes.
-func Markdown(w io.Writer, outs []*Outcome) error {
+// markdown writes the report of outs. It reads no clock: the same outcomes give the same bytes.
+func markdown(w io.Writer, outs []*Outcome) error {
 	var b strings.Builder
 	b.WriteString("# leasebucket simulation report\n\n")
 	b.WriteString("Each scenario runs the production lease core (`agent.Limiter`, one per simulated agent), the " +

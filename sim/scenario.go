@@ -191,8 +191,8 @@ type Sweep struct {
 	Duration Duration `yaml:"duration"`
 }
 
-// SweepParams are the parameters a sweep can vary.
-var SweepParams = []string{"agents", "burst_factor", "crash_rate", "hot_share", "load", "want_factor", "zipf"}
+// sweepParams are the parameters a sweep can vary.
+var sweepParams = []string{"agents", "burst_factor", "crash_rate", "hot_share", "load", "want_factor", "zipf"}
 
 // Load reads and validates a scenario file; the policy file it names is read relative to it.
 func Load(path string) (*Scenario, error) {
@@ -200,11 +200,11 @@ func Load(path string) (*Scenario, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
-	return Parse(path, data)
+	return parseScenario(path, data)
 }
 
-// Parse validates the scenario in data (filename is used for messages and relative paths).
-func Parse(filename string, data []byte) (*Scenario, error) {
+// parseScenario validates the scenario in data (filename is used for messages and relative paths).
+func parseScenario(filename string, data []byte) (*Scenario, error) {
 	sc := &Scenario{}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -321,8 +321,8 @@ func (sc *Scenario) prepare() error {
 		return errors.New("faults.overgrant_factor: at least 1")
 	}
 	if s := sc.Sweep; s != nil {
-		if !slices.Contains(SweepParams, s.Parameter) {
-			return fmt.Errorf("sweep.parameter %q: one of %s", s.Parameter, strings.Join(SweepParams, ", "))
+		if !slices.Contains(sweepParams, s.Parameter) {
+			return fmt.Errorf("sweep.parameter %q: one of %s", s.Parameter, strings.Join(sweepParams, ", "))
 		}
 		if len(s.Values) == 0 {
 			return errors.New("sweep.values: at least one value")

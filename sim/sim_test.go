@@ -13,7 +13,7 @@ import (
 
 func parse(t *testing.T, yaml string) *Scenario {
 	t.Helper()
-	sc, err := Parse(filepath.Join(t.TempDir(), "test.yaml"), []byte(yaml))
+	sc, err := parseScenario(filepath.Join(t.TempDir(), "test.yaml"), []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -22,7 +22,7 @@ func parse(t *testing.T, yaml string) *Scenario {
 
 func run(t *testing.T, sc *Scenario) *Result {
 	t.Helper()
-	res, err := Run(sc, Options{})
+	res, err := runScenario(sc, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ traffic:
 func report(t *testing.T, res *Result, sc *Scenario) []byte {
 	t.Helper()
 	var b bytes.Buffer
-	if err := Markdown(&b, []*Outcome{{Scenario: sc, Result: res}}); err != nil {
+	if err := markdown(&b, []*Outcome{{Scenario: sc, Result: res}}); err != nil {
 		t.Fatal(err)
 	}
 	for _, rows := range [][][]string{timelineCSV(res), identitiesCSV(res), keysCSV(res), crashesCSV(res)} {
@@ -286,7 +286,7 @@ func TestBrokenGrantRuleFails(t *testing.T) {
 		t.Fatalf("violations %+v; want admission and budget", res.Violations)
 	}
 	var b bytes.Buffer
-	if err := Markdown(&b, []*Outcome{{Scenario: sc, Result: res}}); err != nil {
+	if err := markdown(&b, []*Outcome{{Scenario: sc, Result: res}}); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(b.String(), "FAILED") {
@@ -316,7 +316,7 @@ func TestDropTraffic(t *testing.T) {
 func TestSweep(t *testing.T) {
 	sc := parse(t, crashes+"sweep: {parameter: crash_rate, values: [0, 600], duration: 20s}\n")
 	sc.Crashes.Schedule = nil
-	s, err := RunSweep(sc, Options{})
+	s, err := runSweep(sc, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -396,7 +396,7 @@ func TestParseErrors(t *testing.T) {
 		{"unknown_field: 1\n", "unknown_field"},
 		{"capacity: {target_utilisation: 0.5}\n", "peak_checks_per_second"},
 	} {
-		_, err := Parse("bad.yaml", []byte(base+tc.extra))
+		_, err := parseScenario("bad.yaml", []byte(base+tc.extra))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: error %v, want one mentioning %q", tc.extra, err, tc.want)
 		}
@@ -408,7 +408,7 @@ func TestParseErrors(t *testing.T) {
 		{"path: /api/x", "path: ''", "path and operation"},
 		{"limit: 60/minute, burst: 10}\n  default", "limit: 60/fortnight, burst: 10}\n  default", "limit"},
 	} {
-		_, err := Parse("bad.yaml", []byte(strings.Replace(base, tc.old, tc.new, 1)))
+		_, err := parseScenario("bad.yaml", []byte(strings.Replace(base, tc.old, tc.new, 1)))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q → %q: error %v, want one mentioning %q", tc.old, tc.new, err, tc.want)
 		}

@@ -14,8 +14,8 @@ type SweepResult struct {
 	Points    []*Result
 }
 
-// RunSweep runs sc once per value of its sweep. Progress (if set) covers all the points.
-func RunSweep(sc *Scenario, opts Options) (*SweepResult, error) {
+// runSweep runs sc once per value of its sweep. Progress (if set) covers all the points.
+func runSweep(sc *Scenario, opts Options) (*SweepResult, error) {
 	s := sc.Sweep
 	out := &SweepResult{Parameter: s.Parameter}
 	for i, v := range s.Values {
@@ -32,7 +32,7 @@ func RunSweep(sc *Scenario, opts Options) (*SweepResult, error) {
 			total := time.Duration(len(s.Values)) * point.Duration.D()
 			o.Progress = func(done, _ time.Duration) { opts.Progress(base+done, total) }
 		}
-		res, err := Run(point, o)
+		res, err := runScenario(point, o)
 		if err != nil {
 			return nil, err
 		}
@@ -171,18 +171,18 @@ func scaleBursts(text []byte, f float64) ([]byte, error) {
 // override).
 func Simulate(sc *Scenario, opts Options, bench Measured, override Figures) (*Outcome, error) {
 	out := &Outcome{Scenario: sc}
-	res, err := Run(sc, opts)
+	res, err := runScenario(sc, opts)
 	if err != nil {
 		return nil, err
 	}
 	out.Result = res
 	if sc.Sweep != nil {
-		if out.Sweep, err = RunSweep(sc, opts); err != nil {
+		if out.Sweep, err = runSweep(sc, opts); err != nil {
 			return nil, err
 		}
 	}
 	if sc.Capacity != nil {
-		out.Plan = PlanCapacity(res, sc.Capacity, bench, override)
+		out.Plan = planCapacity(res, sc.Capacity, bench, override)
 	}
 	return out, nil
 }

@@ -73,15 +73,15 @@ func ParseRate(s string) (float64, error) {
 			return 0, fmt.Errorf("rate %q: the unit after / must be s, m or h", s)
 		}
 	}
-	v, err := ParseCount(num)
+	v, err := parseCount(num)
 	if err != nil {
 		return 0, fmt.Errorf("rate %q: %w", s, err)
 	}
 	return v / per.Seconds(), nil
 }
 
-// ParseCount reads a non-negative number with an optional k, M or G suffix ("80K", "1.2M").
-func ParseCount(s string) (float64, error) {
+// parseCount reads a non-negative number with an optional k, M or G suffix ("80K", "1.2M").
+func parseCount(s string) (float64, error) {
 	mult := 1.0
 	if n := len(s); n > 0 {
 		switch s[n-1] {
