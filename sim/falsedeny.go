@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"slices"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
@@ -56,8 +57,8 @@ func (w *world) matchFalseDenies(k *key) {
 	if len(d) == 0 {
 		return
 	}
-	slices.SortStableFunc(d, func(a, b denial) int { return cmpInt64(a.at, b.at) })
-	slices.SortFunc(k.wastes, func(a, b waste) int { return cmpInt64(a.to, b.to) })
+	slices.SortStableFunc(d, func(a, b denial) int { return cmp.Compare(a.at, b.at) })
+	slices.SortFunc(k.wastes, func(a, b waste) int { return cmp.Compare(a.to, b.to) })
 	// next[i] is the first denial at or after i not yet false (union-find with path halving).
 	next := make([]int32, len(d)+1)
 	for i := range next {
@@ -99,18 +100,8 @@ func (w *world) matchFalseDenies(k *key) {
 }
 
 func firstAtOrAfter(d []denial, t int64) int {
-	i, _ := slices.BinarySearchFunc(d, t, func(x denial, t int64) int { return cmpInt64(x.at, t) })
+	i, _ := slices.BinarySearchFunc(d, t, func(x denial, t int64) int { return cmp.Compare(x.at, t) })
 	return i
-}
-
-func cmpInt64(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // bucketFull reports whether k's bucket, as the store last answered and refilled to ms, is full.

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/csv"
 	"fmt"
 	"io"
@@ -487,7 +488,7 @@ func resultMarkdown(b *strings.Builder, sc *Scenario, r *Result) {
 		"conservation (every token an agent applied was spent, returned or held).\n\n", len(r.Keys))
 	keys := slices.Clone(r.Keys)
 	slices.SortStableFunc(keys, func(a, c KeyBound) int {
-		return -cmpFloat(a.AdmitExcess/a.AdmitBound, c.AdmitExcess/c.AdmitBound)
+		return -cmp.Compare(a.AdmitExcess/a.AdmitBound, c.AdmitExcess/c.AdmitBound)
 	})
 	b.WriteString("| key (closest to its bound) | C | τ | admission excess / bound | budget excess / bound |\n|---|--:|--:|--:|--:|\n")
 	for _, k := range keys[:min(5, len(keys))] {
@@ -554,16 +555,6 @@ func heldWord(ok bool) string {
 		return "held"
 	}
 	return "**broke**"
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func sweepMarkdown(b *strings.Builder, sc *Scenario, s *SweepResult) {
