@@ -196,8 +196,8 @@ func (l *Limiter) Check(now clock.Nanos, q Query) (Verdict, error) {
 	if v.closed.Load() {
 		return Verdict{}, ErrClosed
 	}
-	res, err := l.resolve(v, q)
-	if err != nil {
+	var res resolved
+	if err := l.resolveInto(v, q, &res); err != nil {
 		return Verdict{}, err
 	}
 	return l.check(now, &res, q.Tenant), nil

@@ -41,28 +41,49 @@ type resolved struct {
 // and checks the cost. Check, Fallback, the validation of Envoy requests and the bucket of an
 // idempotency key all start here, so they accept and refuse exactly the same queries.
 func (l *Limiter) resolve(v *view, q Query) (resolved, error) {
+	var res resolved
+	err := l.resolveInto(v, q, &res)
+	return res, err
+}
+
+// resolveInto is resolve writing into res, which Check keeps on its stack: the hot path copies
+// no resolved value. On an error res is left partly written and must not be used.
+func (l *Limiter) resolveInto(v *view, q Query, res *resolved) error {
 	r, err := v.set.Match(q.Path, q.Operation)
 	if err != nil {
-		return resolved{}, fmt.Errorf("%w: %w", ErrInvalidRoute, err)
+		return routeError(err)
 	}
-	res := resolved{view: v, route: r, hash: v.table.hash(r.ID, q.Tenant)}
+	res.view, res.route, res.hash = v, r, v.table.hash(r.ID, q.Tenant)
 	if res.e = v.table.get(res.hash, r.ID, q.Tenant); res.e != nil {
 		res.lim = res.e.lim
 	} else if res.lim, err = v.set.Limits(r, q.Tenant, l.cfg.Region); err != nil {
-		if errors.Is(err, policy.ErrInvalidTenant) {
-			return resolved{}, fmt.Errorf("%w: %w", ErrInvalidTenant, err)
-		}
-		return resolved{}, fmt.Errorf("%w: %w", ErrInvalidRoute, err)
+		return routeError(err)
 	}
 	cost := q.Cost
 	if cost == 0 {
 		cost = v.set.Cost(r)
 	}
 	if burst := int64(res.lim.Bucket.Capacity() / bucket.PerToken); cost < 1 || cost > burst {
-		return resolved{}, fmt.Errorf("%w: cost %d is not in 1..%d, the burst of rule %q", ErrInvalidCost, cost, burst, r.Rule.Name)
+		return costError(cost, burst, r.Rule.Name)
 	}
 	res.cost = cost * int64(bucket.PerToken)
-	return res, nil
+	return nil
+}
+
+// routeError maps the policy's refusal of a query to Check's errors. It and costError are kept
+// out of line: resolve runs on every check, its errors on few.
+//
+//go:noinline
+func routeError(err error) error {
+	if errors.Is(err, policy.ErrInvalidTenant) {
+		return fmt.Errorf("%w: %w", ErrInvalidTenant, err)
+	}
+	return fmt.Errorf("%w: %w", ErrInvalidRoute, err)
+}
+
+//go:noinline
+func costError(cost, burst int64, rule string) error {
+	return fmt.Errorf("%w: cost %d is not in 1..%d, the burst of rule %q", ErrInvalidCost, cost, burst, rule)
 }
 
 // key is the bucket key the query is charged to (the identity of an idempotency key).
