@@ -129,11 +129,14 @@ type Shape struct {
 }
 
 // Skew is how a request picks its identity in the group: uniform (default), Zipf with exponent
-// Zipf (> 0; the first tenant is the most frequent), or Hot: one hot key taking that share of the
-// traffic and the rest uniform.
+// Zipf (> 0; the first tenant is the most frequent), Hot: one hot key taking that share of the
+// traffic and the rest uniform, or Cycle: every identity in turn, in a seeded random order, so
+// each is picked exactly once every N requests of the traffic (as the stack benchmark walks its
+// uniform keys).
 type Skew struct {
-	Zipf float64 `yaml:"zipf"`
-	Hot  float64 `yaml:"hot"`
+	Zipf  float64 `yaml:"zipf"`
+	Hot   float64 `yaml:"hot"`
+	Cycle bool    `yaml:"cycle"`
 }
 
 // Crashes are agent deaths: at RatePerAgentHour (a Poisson process per live agent) and on a
@@ -485,8 +488,8 @@ func (sc *Scenario) prepareTraffic() error {
 		switch k := t.Skew; {
 		case k.Zipf < 0 || k.Hot < 0 || k.Hot > 1:
 			return fmt.Errorf("%s: skew.zipf must be positive, skew.hot a share in [0, 1]", at)
-		case k.Zipf > 0 && k.Hot > 0:
-			return fmt.Errorf("%s: skew is zipf or hot, not both", at)
+		case k.Zipf > 0 && k.Hot > 0, k.Cycle && (k.Zipf > 0 || k.Hot > 0):
+			return fmt.Errorf("%s: skew is one of zipf, hot or cycle", at)
 		}
 	}
 	return nil

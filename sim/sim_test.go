@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -403,6 +404,7 @@ func TestParseErrors(t *testing.T) {
 	}
 	for _, tc := range []struct{ old, new, want string }{
 		{"rate: 10/s", "rate: 10/week", "rate"},
+		{"rate: 10/s", "rate: 10/s, skew: {cycle: true, zipf: 1}", "one of zipf, hot or cycle"},
 		{"identities: a, rate", "identities: b, rate", "no identities group"},
 		{"tenants: 3", "tenants: 0", "tenants"},
 		{"path: /api/x", "path: ''", "path and operation"},
@@ -411,6 +413,38 @@ func TestParseErrors(t *testing.T) {
 		_, err := parseScenario("bad.yaml", []byte(strings.Replace(base, tc.old, tc.new, 1)))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q → %q: error %v, want one mentioning %q", tc.old, tc.new, err, tc.want)
+		}
+	}
+}
+
+// TestCyclePicker: a cycle picks every request exactly once in each round of len(reqs) picks, in
+// an order that is not the identity (it is drawn from the seed) and is the same every round.
+func TestCyclePicker(t *testing.T) {
+	reqs := make([]int32, 50)
+	for i := range reqs {
+		reqs[i] = int32(100 + i)
+	}
+	p := newPicker(reqs, Skew{Cycle: true})
+	r := rand.New(rand.NewPCG(1, 2))
+	var first []int32
+	for round := range 3 {
+		seen := map[int32]bool{}
+		var order []int32
+		for range reqs {
+			q := p.pick(r)
+			if seen[q] || q < 100 || q >= 150 {
+				t.Fatalf("round %d: pick %d repeated or not a request", round, q)
+			}
+			seen[q] = true
+			order = append(order, q)
+		}
+		if first == nil {
+			first = order
+			if slices.Equal(order, reqs) {
+				t.Fatal("the cycle walks the requests in their own order, not a drawn one")
+			}
+		} else if !slices.Equal(order, first) {
+			t.Fatalf("round %d walks %v, round 0 walked %v", round, order, first)
 		}
 	}
 }

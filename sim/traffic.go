@@ -86,11 +86,17 @@ func (sh *Shape) peakFactor() float64 {
 }
 
 // picker chooses a request (one tenant of a group) for each arrival: uniformly, by Zipf weights
-// (Vose's alias table, O(1) a draw) or with one hot key taking a share.
+// (Vose's alias table, O(1) a draw), with one hot key taking a share, or in a cycle.
 type picker struct {
 	reqs  []int32 // request indices; the first is the hottest
 	hot   uint64  // the hot key's share of 2^64, 0 if none
 	alias []aliasCell
+	// cycle: every arrival of the traffic, on any agent, takes the next request of order (a
+	// seeded random permutation of reqs, drawn at the first pick), so each is picked exactly once
+	// every len(reqs) arrivals.
+	cycle bool
+	order []int32
+	next  int
 }
 
 type aliasCell struct {
@@ -101,6 +107,8 @@ type aliasCell struct {
 func newPicker(reqs []int32, k Skew) *picker {
 	p := &picker{reqs: reqs}
 	switch {
+	case k.Cycle:
+		p.cycle = true
 	case k.Hot > 0 && len(reqs) > 1:
 		p.hot = uint64(k.Hot * (1 << 63) * 2)
 		if k.Hot >= 1 {
@@ -120,6 +128,17 @@ func (p *picker) pick(r *rand.Rand) int32 {
 	n := uint64(len(p.reqs))
 	if n == 1 {
 		return p.reqs[0]
+	}
+	if p.cycle {
+		if p.order == nil {
+			p.order = make([]int32, n)
+			for i, j := range r.Perm(int(n)) {
+				p.order[i] = p.reqs[j]
+			}
+		}
+		q := p.order[p.next]
+		p.next = (p.next + 1) % int(n)
+		return q
 	}
 	u := r.Uint64()
 	switch {
