@@ -226,3 +226,52 @@ func FuzzKey(f *testing.F) {
 		}
 	})
 }
+
+// isCanonicalRef is isCanonical as first written, one byte a step: the reference FuzzIsCanonical
+// holds the fast loop to.
+func isCanonicalRef(p string) bool {
+	if len(p) == 0 || p[0] != '/' || len(p) > MaxPathLen {
+		return false
+	}
+	if len(p) == 1 {
+		return true
+	}
+	segs, start := 0, 1
+	for i := 1; i <= len(p); i++ {
+		if i < len(p) && p[i] != '/' {
+			if pchar[p[i]] {
+				continue
+			}
+			if p[i] != '%' || i+2 >= len(p) || !isUpperHex(p[i+1]) || !isUpperHex(p[i+2]) {
+				return false
+			}
+			if b := unhex(p[i+1])<<4 | unhex(p[i+2]); b == 0 || isUnreserved(b) {
+				return false
+			}
+			i += 2
+			continue
+		}
+		seg := p[start:i]
+		if seg == "" || seg == "." || seg == ".." {
+			return false
+		}
+		if segs++; segs > MaxSegments {
+			return false
+		}
+		start = i + 1
+	}
+	return true
+}
+
+// FuzzIsCanonical: the fast canonical-form check agrees with the reference on every input.
+func FuzzIsCanonical(f *testing.F) {
+	for _, p := range []string{"/", "/a/b", "/a/", "//", "/a//b", "/./a", "/a/..", "/%41", "/%2F", "/%2f", "/%00",
+		"/a%2", "/a%", "/%C3%A9/x", "/a b", "/" + strings.Repeat("a/", 40) + "a"} {
+		f.Add(p)
+	}
+	f.Fuzz(func(t *testing.T, p string) {
+		if got, want := isCanonical(p), isCanonicalRef(p); got != want {
+			t.Fatalf("isCanonical(%q) = %v, the reference says %v", p, got, want)
+		}
+	})
+}

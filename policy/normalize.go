@@ -75,20 +75,22 @@ func isCanonical(p string) bool {
 		return true
 	}
 	segs, start := 0, 1
-	for i := 1; i <= len(p); i++ {
+	for i := 1; ; {
+		// A segment's plain bytes in a tight loop: every check's path passes here.
+		for i < len(p) && pchar[p[i]] {
+			i++
+		}
 		if i < len(p) && p[i] != '/' {
-			if pchar[p[i]] {
-				continue
-			}
 			if p[i] != '%' || i+2 >= len(p) || !isUpperHex(p[i+1]) || !isUpperHex(p[i+2]) {
 				return false
 			}
 			if b := unhex(p[i+1])<<4 | unhex(p[i+2]); b == 0 || isUnreserved(b) {
 				return false
 			}
-			i += 2
+			i += 3
 			continue
 		}
+		// The end of a segment: '/' or the end of the path.
 		seg := p[start:i]
 		if seg == "" || seg == "." || seg == ".." {
 			return false
@@ -96,9 +98,12 @@ func isCanonical(p string) bool {
 		if segs++; segs > MaxSegments {
 			return false
 		}
-		start = i + 1
+		if i == len(p) {
+			return true
+		}
+		i++
+		start = i
 	}
-	return true
 }
 
 func normalizeSlow(path string) (string, error) {
