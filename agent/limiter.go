@@ -200,7 +200,31 @@ func (l *Limiter) Check(now clock.Nanos, q Query) (Verdict, error) {
 	if err := l.resolveInto(v, q, &res); err != nil {
 		return Verdict{}, err
 	}
+	// The common case in this frame: a known key whose lease serves the check. This is serve
+	// written out, since the compiler does not inline it (cost 170, budget 80), and the call and
+	// the copy of its verdict were a fifth of an in-process check (BenchmarkCheck 59 → 49 ns).
+	if e := res.e; e != nil && e.touched.Load() {
+		if left, ok := e.spend(now, res.cost); ok {
+			if left < e.lowWater.Load() && !e.refilling.Load() {
+				l.prefetch(e)
+			}
+			return Verdict{Outcome: Allow, Remaining: bucket.Micro(left + e.remaining.Load()), Rule: e.rule, Limits: e.lim}, nil
+		}
+	}
 	return l.check(now, &res, q.Tenant), nil
+}
+
+// serve spends c from e's live lease and queues a refill when the lease ran below its low water
+// (unless one is already on its way); ok is false when the lease cannot serve c.
+func (l *Limiter) serve(now clock.Nanos, e *entry, c int64) (v Verdict, ok bool) {
+	left, ok := e.spend(now, c)
+	if !ok {
+		return Verdict{}, false
+	}
+	if left < e.lowWater.Load() && !e.refilling.Load() {
+		l.prefetch(e)
+	}
+	return Verdict{Outcome: Allow, Remaining: bucket.Micro(left + e.remaining.Load()), Rule: e.rule, Limits: e.lim}, true
 }
 
 // check decides a resolved query.
@@ -212,11 +236,8 @@ func (l *Limiter) check(now clock.Nanos, res *resolved, tenant string) Verdict {
 	} else if !e.touched.Load() {
 		e.touched.Store(true)
 	}
-	if left, ok := e.spend(now, res.cost); ok {
-		if left < e.lowWater.Load() && !e.refilling.Load() {
-			l.prefetch(e)
-		}
-		return Verdict{Outcome: Allow, Remaining: bucket.Micro(left + e.remaining.Load()), Rule: e.rule, Limits: e.lim}
+	if v, ok := l.serve(now, e, res.cost); ok {
+		return v
 	}
 	return l.slowCheck(now, e, res.cost)
 }
