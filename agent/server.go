@@ -187,8 +187,8 @@ func (s *Server) start(now clock.Nanos, sl *slot) {
 		s.resolve(sl, Verdict{}, ErrClosed)
 		return
 	}
-	res, err := s.lim.resolve(v, sl.q)
-	if err != nil {
+	var res resolved
+	if err := s.lim.resolveInto(v, sl.q, &res); err != nil {
 		s.resolve(sl, Verdict{}, err)
 		return
 	}
