@@ -3,13 +3,11 @@ package agent
 import (
 	"container/heap"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -175,6 +173,7 @@ type quotaStream struct {
 	due     dueHeap
 	actions []*rlqsv3.RateLimitQuotaResponse_BucketAction // to send when the event is handled
 	warned  bool                                          // an unmappable bucket was logged
+	sigs    []string                                      // the usages' bucketSig, from validate to onReports
 
 	ready chan *quotaBucket // a reservation's wait ended
 	done  chan struct{}     // closed when run ends: waiters give up
@@ -264,8 +263,8 @@ func (st *quotaStream) onReports(m *rlqsv3.RateLimitQuotaUsageReports) error {
 		return err
 	}
 	now := st.s.clk.Now()
-	for _, u := range m.BucketQuotaUsages {
-		sig := bucketSig(u.BucketId.Bucket)
+	for i, u := range m.BucketQuotaUsages {
+		sig := st.sigs[i]
 		b := st.buckets[sig]
 		if b == nil {
 			b = &quotaBucket{sig: sig, id: u.BucketId, activeAt: now, index: -1}
@@ -296,6 +295,7 @@ func (st *quotaStream) validate(set *policy.Set, m *rlqsv3.RateLimitQuotaUsageRe
 		st.domain = m.Domain
 	}
 	added := map[string]bool{}
+	st.sigs = st.sigs[:0]
 	for i, u := range m.BucketQuotaUsages {
 		id := u.GetBucketId().GetBucket()
 		switch {
@@ -310,7 +310,9 @@ func (st *quotaStream) validate(set *policy.Set, m *rlqsv3.RateLimitQuotaUsageRe
 					i, len(k), len(v), MaxEnvoyValue)
 			}
 		}
-		if sig := bucketSig(id); st.buckets[sig] == nil {
+		sig := bucketSig(id)
+		st.sigs = append(st.sigs, sig)
+		if st.buckets[sig] == nil {
 			added[sig] = true
 		}
 	}
@@ -321,14 +323,26 @@ func (st *quotaStream) validate(set *policy.Set, m *rlqsv3.RateLimitQuotaUsageRe
 	return nil
 }
 
-// bucketSig is a bucket id's identity: its entries sorted by key, each quoted (the order of a
-// bucket id's entries does not matter).
+// bucketSig is a bucket id's identity: its entries sorted by key (the order of a bucket id's
+// entries does not matter), each key and value preceded by its length, so no two ids share one.
+// Every usage of every report computes it: it allocates the result only.
 func bucketSig(id map[string]string) string {
-	var b strings.Builder
-	for _, k := range slices.Sorted(maps.Keys(id)) {
-		b.WriteString(strconv.Quote(k) + "=" + strconv.Quote(id[k]) + ",")
+	var small [MaxEnvoyEntries]string
+	keys, n := small[:0], 0
+	for k, v := range id {
+		keys = append(keys, k)
+		n += len(k) + len(v) + 2*binary.MaxVarintLen64
 	}
-	return b.String()
+	slices.Sort(keys)
+	b := make([]byte, 0, n)
+	for _, k := range keys {
+		v := id[k]
+		b = binary.AppendUvarint(b, uint64(len(k)))
+		b = append(b, k...)
+		b = binary.AppendUvarint(b, uint64(len(v)))
+		b = append(b, v...)
+	}
+	return string(b)
 }
 
 // quotaQuery maps a bucket id to a check, as the policy's envoy section maps a descriptor: its

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"maps"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,4 +68,30 @@ func TestPlanAssignments(t *testing.T) {
 			}
 		}
 	}
+}
+
+// FuzzBucketSig: two bucket ids have the same signature exactly when they have the same entries,
+// whatever their order. The fuzzer splits two strings into entries at NUL bytes and '=' signs.
+func FuzzBucketSig(f *testing.F) {
+	f.Add("tenant=acme\x00path=/a", "path=/a\x00tenant=acme")
+	f.Add("a=b,c", "a=b\x00c=")
+	f.Add("ab=c", "a=bc")
+	f.Add("=", "")
+	f.Fuzz(func(t *testing.T, a, b string) {
+		parse := func(s string) map[string]string {
+			m := map[string]string{}
+			for e := range strings.SplitSeq(s, "\x00") {
+				if len(m) == MaxEnvoyEntries {
+					break
+				}
+				k, v, _ := strings.Cut(e, "=")
+				m[k] = v
+			}
+			return m
+		}
+		ma, mb := parse(a), parse(b)
+		if got, want := bucketSig(ma) == bucketSig(mb), maps.Equal(ma, mb); got != want {
+			t.Fatalf("ids %q and %q: same signature %v, same entries %v", ma, mb, got, want)
+		}
+	})
 }
