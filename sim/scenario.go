@@ -13,6 +13,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/leasebucket/leasebucket/agent"
 	"github.com/leasebucket/leasebucket/policy"
 )
 
@@ -223,9 +224,9 @@ func parseScenario(filename string, data []byte) (*Scenario, error) {
 
 // Defaults of the shell and the network (docs/simulator.md explains each).
 const (
-	defaultMaxWait     = 50 * time.Millisecond  // agent.Server's DefaultMaxWait
-	defaultCallTimeout = 500 * time.Millisecond // agent.Refresher's DefaultCallTimeout
-	defaultInFlight    = 4                      // agent.Refresher's DefaultMaxInFlight
+	defaultMaxWait     = agent.DefaultMaxWait
+	defaultCallTimeout = agent.DefaultCallTimeout
+	defaultInFlight    = agent.DefaultMaxInFlight
 	// defaultSweepEvery: the Refresher sweeps 4 of 64 shards every 25 ms, the whole table every
 	// 400 ms; the simulator sweeps the whole table every 400 ms (see node.sweep for why).
 	defaultSweepEvery = 400 * time.Millisecond
