@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"math"
 	"time"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
@@ -167,7 +168,10 @@ func (l *Limiter) handedBack(micro int64) {
 
 // grantLocked serves the checks waiting for e from a grant, first come first served, and keeps
 // the rest as the current lease (if that cannot serve) or as the next one. A direct entry keeps
-// nothing: what the waiting checks did not take is handed back with the next refill.
+// nothing: its grant serves only the checks that were waiting when the Acquire was sent (for a
+// resent seq, first sent), so each allowed check was taken from the bucket between its send and
+// its answer (admission C + r·w); what they did not take — a check stopped waiting, or the grant
+// of a lost answer came back — is handed back with the next refill.
 func (l *Limiter) grantLocked(now clock.Nanos, c *Call, e *entry, res *coordinatorv1.AcquireResult) {
 	g := bucket.Micro(res.GrantedMicro)
 	if e.fail != nil {
@@ -196,9 +200,12 @@ func (l *Limiter) grantLocked(now clock.Nanos, c *Call, e *entry, res *coordinat
 		l.handBackLocked(now, e, n)
 		return
 	}
-	if now < n.expires || e.direct {
+	switch {
+	case e.direct:
 		// A direct grant is spent at once, whatever its TTL: on the checks that asked for it.
-		n.tokens = l.serveLocked(n.tokens, e, n)
+		n.tokens = l.serveLocked(n.tokens, e, n, c.sentAt)
+	case now < n.expires:
+		n.tokens = l.serveLocked(n.tokens, e, n, anyWaiting) // a lease serves whoever waits for it
 	}
 	if n.tokens == 0 {
 		return
@@ -230,13 +237,16 @@ func (l *Limiter) paceUntil(now clock.Nanos, e *entry, paceMs int64) clock.Nanos
 	return now + clock.Nanos(paceMs)*clock.Nanos(time.Millisecond)
 }
 
-// serveLocked allows the waiting checks of e from tokens, in order, while they fit, and returns
-// what is left. Checks that do not fit keep waiting. from is the grant the tokens came from: a
-// ticket of a reservation keeps its expiry (reserve.go).
-func (l *Limiter) serveLocked(tokens bucket.Micro, e *entry, from grant) bucket.Micro {
+// anyWaiting, as serveLocked's asked, serves every waiting check.
+const anyWaiting = clock.Nanos(math.MaxInt64)
+
+// serveLocked allows the waiting checks of e that began to wait by asked from tokens, in order,
+// while they fit, and returns what is left. Checks that do not fit keep waiting. from is the
+// grant the tokens came from: a ticket of a reservation keeps its expiry (reserve.go).
+func (l *Limiter) serveLocked(tokens bucket.Micro, e *entry, from grant, asked clock.Nanos) bucket.Micro {
 	served := 0
 	for _, t := range e.waiting {
-		if bucket.Micro(t.cost) > tokens {
+		if bucket.Micro(t.cost) > tokens || t.at > asked {
 			break
 		}
 		tokens -= bucket.Micro(t.cost)

@@ -166,7 +166,8 @@ type Ticket struct {
 	cost  int64
 	ready chan struct{}
 	v     Verdict
-	from  grant // the lease an allowed ticket's tokens came from (a reservation's expiry: reserve.go)
+	from  grant       // the lease an allowed ticket's tokens came from (a reservation's expiry: reserve.go)
+	at    clock.Nanos // when the check began to wait: a direct grant serves only checks waiting before its Acquire was sent
 }
 
 // Ready is closed when the ticket is decided.
@@ -291,7 +292,7 @@ func (l *Limiter) slowCheck(now clock.Nanos, e *entry, c int64) Verdict {
 		if e.fail != nil && now < e.fail.until {
 			return l.failureLocked(now, e, c)
 		}
-		t := &Ticket{e: e, cost: c, ready: make(chan struct{})}
+		t := &Ticket{e: e, cost: c, ready: make(chan struct{}), at: now}
 		e.waiting = append(e.waiting, t)
 		l.queueLocked(e)
 		return Verdict{Outcome: Wait, Ticket: t, Rule: e.rule, Limits: e.lim}

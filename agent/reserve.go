@@ -100,7 +100,7 @@ func (l *Limiter) Reserve(now clock.Nanos, q Query, a ReserveAsk) (Reservation, 
 		if e.fail != nil && now < e.fail.until {
 			return Reservation{}, l.failedReserveLocked(now, e), nil
 		}
-		t := &Ticket{e: e, cost: int64(least), ready: make(chan struct{})}
+		t := &Ticket{e: e, cost: int64(least), ready: make(chan struct{}), at: now}
 		e.waiting = append(e.waiting, t)
 		if e.refilling.Load() && !e.queued && !e.inflight {
 			// The refill was put off because a prefetched lease waits to be installed; a check

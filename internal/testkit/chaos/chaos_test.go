@@ -46,16 +46,20 @@ func binaries(t *testing.T) chaos.Binaries {
 	return chaos.Binaries{Agent: bins.Path(t, "agent"), Coordinator: bins.Path(t, "coordinator")}
 }
 
-// shortLoad is the load of the short form: about 500 checks a second over three agents, the hot
+// shortLoad is the load of the short form: about 700 checks a second over three agents, the hot
 // key offered about twice its rate, and enough new tenants (churn) that each agent's lease table
-// passes its --max-keys of 1024 within the run; beside them, each agent's Envoy-faithful quota
+// passes its --max-keys of 1024 within the run; the long tail (2000 tenants, each back on an agent
+// every 67 s and on some agent every 22 s, while its lease lives 500 ms) and the direct rule's key
+// offered 90 checks a second against its 50/s; beside them, each agent's Envoy-faithful quota
 // filter decides 100 requests a second for two tenants of the quota rule (40/s each): far above.
 var shortLoad = chaos.LoadConfig{Hot: 65, Cold: 35, ColdTenants: 200, Churn: 30, Closed: 10, Emergency: 10, Ledger: 10,
-	EnvoyEvery: 5, IdemEvery: 4, Quota: 100, QuotaTenants: 2}
+	Tail: 30, TailTenants: 2000, Direct: 30, EnvoyEvery: 5, IdemEvery: 4, Quota: 100, QuotaTenants: 2}
 
-// fullLoad is the load of `make chaos` and `make soak`, per agent.
+// fullLoad is the load of `make chaos` and `make soak`, per agent: with 5 agents the long tail is
+// 200 checks a second over 4000 tenants (each back on an agent every 100 s) and the direct key is
+// offered three times its rate; with 3 (the Cluster run, the soak), 120 over 4000 and 1.8 times.
 var fullLoad = chaos.LoadConfig{Hot: 50, Cold: 40, ColdTenants: 300, Churn: 25, Closed: 10, Emergency: 10, Ledger: 10,
-	EnvoyEvery: 5, IdemEvery: 4, Quota: 200, QuotaTenants: 3}
+	Tail: 40, TailTenants: 4000, Direct: 30, EnvoyEvery: 5, IdemEvery: 4, Quota: 200, QuotaTenants: 3}
 
 func report(t *testing.T, rep *chaos.Report) {
 	t.Helper()
@@ -120,13 +124,15 @@ func (o overGrant) Take(ctx context.Context, reqs []coordinator.TakeRequest) ([]
 
 // TestOverGrantingRuleIsCaught breaks the grant rule on purpose (coordinators in this process,
 // over a store that grants three times what it debits) and runs the same load and checker: it
-// must report the admission bound broken on the hot key and on the quota key (what Envoy-faithful
+// must report the admission bound broken on the hot key, on the direct rule's key (its checks
+// are served the surplus of over-granted takes, and the rest is handed back and credited: the
+// bucket is refilled with tokens it never held), and on the quota key (what Envoy-faithful
 // filters admit from assignments of over-granted leases), and the ledger. A checker that passed
 // this would pass anything.
 func TestOverGrantingRuleIsCaught(t *testing.T) {
 	bin := binaries(t)
 	rep := chaos.Run(t, chaos.Options{Name: "overgrant", Coordinators: 1, Agents: 2, MaxKeys: 1024,
-		Load:   chaos.LoadConfig{Hot: 100, Ledger: 20, Quota: 300, QuotaTenants: 1},
+		Load:   chaos.LoadConfig{Hot: 100, Ledger: 20, Direct: 60, Quota: 300, QuotaTenants: 1},
 		Warmup: 6 * time.Second, SampleEvery: time.Second, Bin: bin, OutDir: *out, Seed: 5,
 		WrapStore: func(s coordinator.Store) coordinator.Store { return overGrant{Store: s, factor: 3} }})
 	t.Log("the broken rule, as the checker reports it:\n" + rep.Summary())
@@ -137,11 +143,13 @@ func TestOverGrantingRuleIsCaught(t *testing.T) {
 			found["hot admission"] = true
 		case v.Check == "admission" && strings.Contains(v.Detail, "|/quota/"):
 			found["quota admission"] = true
+		case v.Check == "admission" && strings.Contains(v.Detail, "|/d/"):
+			found["direct admission"] = true
 		case v.Check == "ledger" && strings.Contains(v.Detail, "created"):
 			found["ledger"] = true
 		}
 	}
-	for _, want := range []string{"hot admission", "quota admission", "ledger"} {
+	for _, want := range []string{"hot admission", "direct admission", "quota admission", "ledger"} {
 		if !found[want] {
 			t.Errorf("the checker did not catch the over-granting rule on the %s; violations: %v", want, rep.Violations)
 		}

@@ -203,7 +203,8 @@ func ratePerSecond(l bucket.Limit) float64 {
 }
 
 // checkAdmission: the tokens allowed by all agents on a key in any window of length w are at
-// most C + r·(w + τ) (I6 of docs/design.md, proved in docs/leases.md), plus the clock slack.
+// most C + r·(w + τ) (I6 of docs/design.md, proved in docs/leases.md), plus the clock slack. A
+// direct key (lease: off) has τ = 0: C + r·w.
 func checkAdmission(k *Key, recs []*Record) (Window, []Violation) {
 	var spends []spend
 	for _, r := range recs {
@@ -215,9 +216,13 @@ func checkAdmission(k *Key, recs []*Record) (Window, []Violation) {
 	over, w := fullestWindow(spends, capacity, ratePerSecond(k.Limit), k.Tau)
 	w.Key, w.Allowed = k.Name, len(spends)
 	if over > 1e-9 {
+		bound := "C + r·(w + τ)"
+		if k.Rule.Direct {
+			bound = "C + r·w (lease: off)"
+		}
 		return w, []Violation{{Check: "admission", Detail: fmt.Sprintf(
-			"key %s: %.0f tokens allowed within %v from %v, bound C + r·(w + τ) = %.2f (C = %.0f, r = %g/s, τ = %v, with slack)",
-			k.Name, w.Tokens, w.Span.Round(time.Millisecond), w.From.Round(time.Millisecond), w.Bound, capacity, ratePerSecond(k.Limit), k.Tau)}}
+			"key %s: %.0f tokens allowed within %v from %v, bound %s = %.2f (C = %.0f, r = %g/s, τ = %v, with slack)",
+			k.Name, w.Tokens, w.Span.Round(time.Millisecond), w.From.Round(time.Millisecond), bound, w.Bound, capacity, ratePerSecond(k.Limit), k.Tau)}}
 	}
 	return w, nil
 }

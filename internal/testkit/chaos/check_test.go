@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/lease"
 )
 
 // The checker on records built by hand: each check must catch the broken promise it exists for
@@ -27,6 +28,8 @@ func testKeys(t *testing.T) (*Keys, map[Kind]*Key) {
 		{KindEmergency, emergencyTenant(0), emergencyPath(1), "GET"},
 		{KindLedger, ledgerTenant(), ledgerPath(), "GET"},
 		{KindCold, coldTenant(0), coldPath(1), "GET"},
+		{KindTail, tailTenant(0), tailPath(1), "GET"},
+		{KindDirect, directTenant(), directPath(1), "GET"},
 	} {
 		key, err := ks.Add(k.kind, k.tenant, k.path, k.op)
 		if err != nil {
@@ -77,6 +80,44 @@ func TestAdmission(t *testing.T) {
 			res := Check(CheckInput{Keys: ks, Records: tc.records})
 			if got := len(violations(res, "admission")) > 0; got != tc.broken {
 				t.Fatalf("admission violated = %v, want %v (%v; fullest window %+v)", got, tc.broken, res.Violations, res.Windows)
+			}
+		})
+	}
+}
+
+// A direct key (lease: off) is checked against C + r·w: no lease term. Its records sit between
+// the two bounds, so a checker that gave the key the lease lifetime of its limit would pass them.
+func TestAdmissionDirect(t *testing.T) {
+	ks, k := testKeys(t)
+	direct := k[KindDirect] // C = 20, r = 50/s: at most 20 at once, 70 in a second
+	if direct.Tau != 0 {
+		t.Fatalf("the direct key's τ = %v, want 0 (lease: off keeps no lease)", direct.Tau)
+	}
+	leased := *direct
+	leased.ID, leased.Tau = 0, lease.TTL(direct.Limit) // what a lease rule of the same limit would get: 200 ms
+	withLease := &Keys{Set: ks.Set, List: []*Key{&leased}}
+	for _, tc := range []struct {
+		name    string
+		records func(*Key) []Record
+		broken  bool // beyond C + r·w; each is within C + r·(w + τ)
+	}{
+		{"the burst at once", func(k *Key) []Record { return allows(k, 20, 0, 0) }, false},
+		{"the burst and three more at once", func(k *Key) []Record { return allows(k, 23, 0, 0) }, true},
+		{"at the rate for 10 s after a full burst", func(k *Key) []Record {
+			return append(allows(k, 20, 0, 0), allows(k, 500, ms(20), ms(20))...)
+		}, false},
+		{"the burst, then 5 % above the rate for 2 s", func(k *Key) []Record {
+			return append(allows(k, 20, 0, 0), allows(k, 105, ms(19), ms(19))...)
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := Check(CheckInput{Keys: ks, Records: tc.records(direct)})
+			if got := len(violations(res, "admission")) > 0; got != tc.broken {
+				t.Fatalf("admission violated = %v, want %v (%v; fullest window %+v)", got, tc.broken, res.Violations, res.Windows)
+			}
+			// The same records on a key with a lease term pass: the case tests the missing τ.
+			if res := Check(CheckInput{Keys: withLease, Records: tc.records(&leased)}); len(res.Violations) > 0 {
+				t.Fatalf("within C + r·(w + τ), yet blamed: %v", res.Violations)
 			}
 		})
 	}

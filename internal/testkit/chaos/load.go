@@ -78,6 +78,14 @@ type LoadConfig struct {
 	// decides (the quota rule, QuotaTenants tenants, far above its rate); 0: none.
 	Quota        float64
 	QuotaTenants int
+	// Tail is the long tail: checks a second spread over TailTenants tenants of the tail rule,
+	// each agent going through them in turn from a point of its own, so a tenant comes back to
+	// an agent every TailTenants/Tail seconds, far longer than its lease lives; 0: none.
+	Tail        float64
+	TailTenants int
+	// Direct is the checks a second on the one key of the direct rule (lease: off), offered
+	// above its rate by the agents together; 0: none.
+	Direct float64
 	// EnvoyEvery sends every n-th hot, cold, closed and emergency check through Envoy's
 	// ShouldRateLimit instead of Check (0: never).
 	EnvoyEvery int
@@ -109,6 +117,8 @@ type Load struct {
 	cold           []*Key
 	closed, emerg  []*Key
 	quota          []*Key
+	tail           []*Key
+	direct         *Key
 	churnSeq       []atomic.Int64
 	filters        []*envoyquota.Filter // per agent, with Quota
 }
@@ -145,6 +155,15 @@ func NewLoad(s *Stack, keys *Keys, cfg LoadConfig, seed uint64) (*Load, error) {
 	for i := range cfg.QuotaTenants {
 		l.quota = append(l.quota, add(KindQuota, quotaTenant(i), quotaPath(0), "GET"))
 	}
+	for i := range cfg.TailTenants {
+		l.tail = append(l.tail, add(KindTail, tailTenant(i), tailPath(0), "GET"))
+	}
+	if cfg.Direct > 0 {
+		l.direct = add(KindDirect, directTenant(), directPath(0), "GET")
+	}
+	if err == nil && cfg.Tail > 0 && len(l.tail) == 0 {
+		err = fmt.Errorf("chaos: a tail load of %g/s needs TailTenants", cfg.Tail)
+	}
 	if err != nil || cfg.Quota <= 0 {
 		return l, err
 	}
@@ -173,7 +192,8 @@ func (l *Load) Start() {
 			kind Kind
 			rate float64
 		}{{KindHot, l.cfg.Hot}, {KindCold, l.cfg.Cold}, {KindChurn, l.cfg.Churn}, {KindClosed, l.cfg.Closed},
-			{KindEmergency, l.cfg.Emergency}, {KindLedger, l.cfg.Ledger}, {KindQuota, l.cfg.Quota}} {
+			{KindEmergency, l.cfg.Emergency}, {KindLedger, l.cfg.Ledger}, {KindQuota, l.cfg.Quota},
+			{KindTail, l.cfg.Tail}, {KindDirect, l.cfg.Direct}} {
 			if w.rate <= 0 {
 				continue
 			}
@@ -334,6 +354,19 @@ func (l *Load) next(ai int, kind Kind, n int, rng *rand.Rand) request {
 		r.key, r.path, r.op = l.emerg[rng.IntN(len(l.emerg))], emergencyPath(rng.IntN(100)), "GET"
 	case KindLedger:
 		r.key, r.path, r.op = l.ledgerKey, ledgerPath(), "GET"
+	case KindTail:
+		// In turn from the agent's own first tenant: agent ai is at tenant (ai·T/agents + n) mod T
+		// after n checks, so each tenant comes back to it every T checks and the agents are spread
+		// over the tail.
+		i := (ai*len(l.tail)/len(l.s.Agents) + n) % len(l.tail)
+		r.key, r.path, r.op = l.tail[i], tailPath(rng.IntN(1000)), "GET"
+	case KindDirect:
+		// Mixed costs: a take for several waiting checks of different costs, cut in whole
+		// requests when the bucket holds less.
+		r.key, r.path, r.op = l.direct, directPath(rng.IntN(1000)), "GET"
+		if rng.IntN(4) == 0 {
+			r.cost = 2
+		}
 	}
 	if r.key != nil {
 		r.tenant = r.key.Tenant

@@ -23,6 +23,13 @@ import (
 //   - quota: served to Envoy-faithful rate_limit_quota filters (internal/testkit/envoyquota), one
 //     per agent, offered far more than its rate; fails closed (DENY_ALL fallbacks). τ = 2.5 s, so
 //     a fresh lease backs one-second assignments.
+//   - tail: the long tail, thousands of tenants each checked far less often than its lease lives
+//     (τ = C/4r = 500 ms; a tenant comes back to an agent tens of seconds later), so every check
+//     is cold: a lease of the check's cost, nothing to hand back.
+//   - direct: lease: off, one key every agent shares, offered about twice its rate: each check is
+//     one atomic take in the global bucket, so the admission bound is the plain bucket's
+//     C + r·w (τ = 0), tested where it is tight. 50/s with a burst of 20: a burst well below a
+//     second's refill, so a window of any length is close to its bound when the load saturates it.
 const PolicyText = `version: "chaos-1"
 
 envoy:
@@ -72,6 +79,21 @@ rules:
     burst: 400
     on_failure: deny
 
+  - name: tail
+    description: The long tail; thousands of tenants, each colder than its lease.
+    routes: ["/tail/{id}"]
+    operations: [read]
+    limit: 5/second
+    burst: 10
+
+  - name: direct
+    description: No leases; every check is one atomic take in the global bucket.
+    routes: ["/d/{id}"]
+    operations: [read]
+    limit: 50/second
+    burst: 20
+    lease: off
+
   - name: ledger
     description: Refills one token a day; Redis' level is a ledger of the grants.
     routes: ["/ledger"]
@@ -95,11 +117,13 @@ const (
 	KindClosed
 	KindEmergency
 	KindLedger
-	KindQuota // requests decided by an Envoy-faithful rate_limit_quota filter on the agent
+	KindQuota  // requests decided by an Envoy-faithful rate_limit_quota filter on the agent
+	KindTail   // the long tail: a key of thousands, each checked less often than its lease lives
+	KindDirect // the direct-mode rule (lease: off)
 	numKinds
 )
 
-var kindNames = [numKinds]string{"hot", "cold", "churn", "closed", "emergency", "ledger", "quota"}
+var kindNames = [numKinds]string{"hot", "cold", "churn", "closed", "emergency", "ledger", "quota", "tail", "direct"}
 
 func (k Kind) String() string {
 	if k < numKinds {
@@ -118,8 +142,11 @@ type Key struct {
 	Name   string // the bucket key in Redis
 	Rule   *policy.Rule
 	Limit  bucket.Limit
-	Tau    time.Duration // lease lifetime: lease.TTL(Limit)
-	Cost   int64         // the rule's cost
+	// Tau is the lease lifetime, lease.TTL(Limit); 0 for a direct rule (lease: off): its checks
+	// keep no lease, each is taken from the bucket between its send and its answer, and the
+	// admission bound is C + r·w.
+	Tau  time.Duration
+	Cost int64 // the rule's cost
 	// Emergency is the local emergency bucket of an emergency rule, nil otherwise.
 	Emergency *bucket.Limit
 }
@@ -160,6 +187,9 @@ func (ks *Keys) Add(kind Kind, tenant, path, op string) (*Key, error) {
 	}
 	k := &Key{ID: len(ks.List), Kind: kind, Tenant: tenant, Path: path, Op: op, Name: name, Rule: r.Rule,
 		Limit: lim.Bucket, Tau: lease.TTL(lim.Bucket), Cost: ks.Set.Cost(r)}
+	if r.Rule.Direct {
+		k.Tau = 0
+	}
 	if lim.Emergency != nil {
 		e := lim.Emergency.Bucket
 		k.Emergency = &e
@@ -178,6 +208,10 @@ func churnTenant(a, n int) string     { return fmt.Sprintf("churn-%d-%d", a, n) 
 func ledgerTenant() string            { return "ledger" }
 func quotaTenant(i int) string        { return fmt.Sprintf("qt-%d", i) }
 func quotaPath(id int) string         { return fmt.Sprintf("/quota/%d", id) }
+func tailTenant(i int) string         { return fmt.Sprintf("tl-%05d", i) }
+func tailPath(id int) string          { return fmt.Sprintf("/tail/%d", id) }
+func directTenant() string            { return "direct" }
+func directPath(id int) string        { return fmt.Sprintf("/d/%d", id) }
 func bystanderTenant() string         { return "bystander" }
 func abuseTenant(i int) string        { return fmt.Sprintf("abuse-%d", i) }
 func coldPath(id int) string          { return fmt.Sprintf("/cold/%d", id) }

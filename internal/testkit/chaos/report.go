@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -81,7 +82,8 @@ func (rep *Report) Summary() string {
 	fmt.Fprintf(&b, "ledger: debited %.3f, spent %.0f, stranded %.3f (bound %.3f; killed agents held %.0f of it)\n",
 		l.Debited, l.Spent, l.Stranded, l.Bound, l.Held)
 	for _, w := range rep.Check.Windows {
-		if w.Allowed > 0 && (strings.Contains(w.Key, "|/hot|") || strings.Contains(w.Key, "cold-000") || strings.Contains(w.Key, ":"+quotaTenant(0)+"|")) {
+		if w.Allowed > 0 && (strings.Contains(w.Key, "|/hot|") || strings.Contains(w.Key, "cold-000") || strings.Contains(w.Key, ":"+quotaTenant(0)+"|") ||
+			kindOfKey(w.Key) == KindDirect) {
 			fmt.Fprintf(&b, "fullest window of %s: %.0f tokens in %v, bound %.1f\n", w.Key, w.Tokens, w.Span.Round(time.Millisecond), w.Bound)
 		}
 	}
@@ -109,9 +111,9 @@ func (rep *Report) Markdown(w io.Writer) {
 		fmt.Fprintln(w)
 	}
 
-	fmt.Fprintf(w, "## Load\n\n%d checks over Unix sockets (%d through Envoy's `ShouldRateLimit`), offered per agent: hot %g/s, cold %g/s over %d tenants, churn %g/s (a new tenant each), fail-closed %g/s, emergency %g/s, ledger %g/s; and %g/s over %d tenants of the quota rule decided by an Envoy-faithful rate_limit_quota filter on each agent (kind quota: its local decisions, the time of each its admission).\n\n",
+	fmt.Fprintf(w, "## Load\n\n%d checks over Unix sockets (%d through Envoy's `ShouldRateLimit`), offered per agent: hot %g/s, cold %g/s over %d tenants, churn %g/s (a new tenant each), fail-closed %g/s, emergency %g/s, ledger %g/s, the long tail %g/s over %d tenants (each in turn), direct mode (`lease: off`) %g/s on one key; and %g/s over %d tenants of the quota rule decided by an Envoy-faithful rate_limit_quota filter on each agent (kind quota: its local decisions, the time of each its admission).\n\n",
 		rep.Total.Checks, rep.EnvoyChecks, rep.Load.Hot, rep.Load.Cold, rep.Load.ColdTenants, rep.Load.Churn, rep.Load.Closed,
-		rep.Load.Emergency, rep.Load.Ledger, rep.Load.Quota, rep.Load.QuotaTenants)
+		rep.Load.Emergency, rep.Load.Ledger, rep.Load.Tail, rep.Load.TailTenants, rep.Load.Direct, rep.Load.Quota, rep.Load.QuotaTenants)
 	fmt.Fprintln(w, "| kind | checks | allow | of which degraded | deny (429) | unavailable (503) | errors | p50 | p99 | max |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
 	kinds := make([]string, 0, len(rep.ByKind))
@@ -139,17 +141,30 @@ func (rep *Report) Markdown(w io.Writer) {
 	}
 
 	fmt.Fprintln(w, "\n## Bounds")
-	fmt.Fprintln(w, "\nAdmission, per key: allowed ≤ C + r·(w + τ), w the span of the window, plus the clock slack (5 ms and 0.1 %). The fullest window of each kind:")
+	fmt.Fprintln(w, "\nAdmission, per key: allowed ≤ C + r·(w + τ), w the span of the window, plus the clock slack (5 ms and 0.1 %); τ = 0 on the direct rule's key (`lease: off`: C + r·w). The fullest window of each kind:")
 	fmt.Fprintln(w, "\n| key | allowed over the run | fullest window | tokens in it | bound |")
 	fmt.Fprintln(w, "|---|---|---|---|---|")
+	// Two keys of each kind, in the order of the keys; of the long tail's thousands of keys, the
+	// two whose fullest windows held the most.
+	var shown, tail []Window
 	seen := map[Kind]int{}
 	for _, win := range rep.Check.Windows {
-		kind := kindOfKey(win.Key)
-		if seen[kind] >= 2 {
-			continue
+		switch kind := kindOfKey(win.Key); {
+		case kind == KindTail:
+			tail = append(tail, win)
+		case seen[kind] < 2:
+			seen[kind]++
+			shown = append(shown, win)
 		}
-		seen[kind]++
+	}
+	slices.SortStableFunc(tail, func(a, b Window) int {
+		return cmp.Or(cmp.Compare(b.Tokens, a.Tokens), cmp.Compare(b.Allowed, a.Allowed))
+	})
+	for _, win := range append(shown, tail[:min(2, len(tail))]...) {
 		fmt.Fprintf(w, "| `%s` | %d | %v | %.0f | %.1f |\n", win.Key, win.Allowed, win.Span.Round(time.Millisecond), win.Tokens, win.Bound)
+	}
+	if len(tail) > 0 {
+		fmt.Fprintf(w, "\nThe long tail: %d keys allowed a check.\n", len(tail))
 	}
 	fmt.Fprintf(w, "\nEmergency buckets, per agent process and key: degraded allows ≤ C_e + r_e·w. %d buckets used;", len(rep.Check.Emergency))
 	if len(rep.Check.Emergency) > 0 {
@@ -243,6 +258,10 @@ func kindOfKey(key string) Kind {
 		return KindLedger
 	case strings.HasPrefix(tenant, "qt-"):
 		return KindQuota
+	case strings.HasPrefix(tenant, "tl-"):
+		return KindTail
+	case tenant == directTenant():
+		return KindDirect
 	}
 	return KindChurn
 }
