@@ -160,8 +160,13 @@ func (e Explanation) String() string {
 		if l.Region != "" {
 			scope += ", slice of region " + l.Region
 		}
-		line("limit", "%d per %s, burst %d (%s; %s)", l.Requests, FormatPeriod(l.Period), l.Burst, src, scope)
-		line("bucket", "%s", l.Bucket)
+		if c := l.Calendar; c != nil {
+			line("quota", "%d per calendar %s in %s, all of it again at each %s's start (%s; %s)", l.Requests, c.Unit, c.Loc, c.Unit, src, scope)
+			line("counter", "exact: %dµ per period, spent and handed back within it; no refill", l.Bucket.Capacity())
+		} else {
+			line("limit", "%d per %s, burst %d (%s; %s)", l.Requests, FormatPeriod(l.Period), l.Burst, src, scope)
+			line("bucket", "%s", l.Bucket)
+		}
 	}
 	line("cost", "%d token(s) per request", e.Cost)
 	switch r.OnFailure {

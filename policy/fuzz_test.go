@@ -18,6 +18,7 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Add(example)
 	f.Add([]byte(precedencePolicy))
+	f.Add([]byte(calendarPolicy))
 	f.Add([]byte(watchPolicy("v1", 100, 30)))
 	f.Add([]byte(header + "  - {name: r, routes: [/a], operations: [read], limit: 1/s, cost: 2}\n"))
 	f.Add([]byte("version: v1\ndefault: &d {limit: 10/minute}\nx: *d\n"))

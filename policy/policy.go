@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/calendar"
 )
 
 // Scope says whether a rule's quota is one global bucket or per-region slices.
@@ -64,15 +65,24 @@ func (m FailureMode) String() string {
 // Quota is a limit as the file states it: Requests tokens refilled every Period, at most Burst
 // tokens held. Bucket is the same in the bucket arithmetic's units: capacity Burst tokens, refilled
 // at Requests tokens per Period.
+//
+// A calendar quota (Calendar set; the file's `quota: N/month`) is instead an exact counter of
+// Requests tokens per calendar period, full again at the period's boundary: Period is 0, Burst is
+// Requests and Bucket a Limit of capacity Requests that never refills (bucket.Counter's quota).
 type Quota struct {
 	Requests int64
 	Period   time.Duration
 	Burst    int64
 	Bucket   bucket.Limit
+	Calendar *calendar.Period
 }
 
-// String renders the quota as the file would write it ("100/1m burst 20").
+// String renders the quota as the file would write it ("100/1m burst 20", "100000/month",
+// "100000/month Europe/Berlin").
 func (q Quota) String() string {
+	if q.Calendar != nil {
+		return fmt.Sprintf("%d/%s", q.Requests, q.Calendar)
+	}
 	return fmt.Sprintf("%d/%s burst %d", q.Requests, FormatPeriod(q.Period), q.Burst)
 }
 

@@ -6,12 +6,14 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/leasebucket/leasebucket/internal/calendar"
 )
 
-var ruleFields = []string{"name", "description", "routes", "operations", "limit", "burst", "cost", "scope",
+var ruleFields = []string{"name", "description", "routes", "operations", "limit", "burst", "quota", "timezone", "cost", "scope",
 	"regions", "on_failure", "retry_after_on_failure", "emergency", "shadow", "headers", "lease", "overrides"}
 
-var defaultRuleFields = []string{"description", "limit", "burst", "cost", "scope",
+var defaultRuleFields = []string{"description", "limit", "burst", "quota", "timezone", "cost", "scope",
 	"regions", "on_failure", "retry_after_on_failure", "emergency", "shadow", "headers", "lease", "overrides"}
 
 // rule reads the rule at path (the default section when isDefault) and adds it to s. It returns
@@ -81,14 +83,27 @@ func (p *parser) ruleIdentity(s *Set, f fieldSet, r *Rule, path string) {
 	}
 }
 
-// ruleQuota reads the rule's limit, burst, scope and region slices.
+// ruleQuota reads the rule's limit and burst (or its calendar quota and time zone), scope and
+// region slices.
 func (p *parser) ruleQuota(f fieldSet, r *Rule, path string) {
 	var quotaOK bool
-	r.Quota, quotaOK = p.quota(f.get("limit"), f.get("burst"), path, f.line)
+	if qn := f.get("quota"); qn != nil {
+		p.calendarOnly(f, path)
+		r.Quota, quotaOK = p.calendarQuota(qn, f.get("timezone"), path)
+	} else {
+		if f.get("timezone") != nil {
+			p.errf(f.at("timezone"), join(path, "timezone"), "only used with quota (a calendar quota); a limit is a rolling token bucket")
+		}
+		r.Quota, quotaOK = p.quota(f.get("limit"), f.get("burst"), path, f.line)
+	}
 	if v := f.get("scope"); v != nil {
 		if i, ok := p.oneOf(v, join(path, "scope"), "global", "regional"); ok {
 			r.Scope = [...]Scope{Global, Regional}[i]
 		}
+	}
+	if r.Quota.Calendar != nil && r.Scope == Regional {
+		p.errf(f.at("scope"), join(path, "scope"), "a calendar quota is global: one exact counter per period (regional slices need a limit)")
+		return
 	}
 	regionsNode := f.get("regions")
 	switch {
@@ -98,6 +113,17 @@ func (p *parser) ruleQuota(f fieldSet, r *Rule, path string) {
 		p.errf(f.at("regions"), join(path, "regions"), "only allowed with scope: regional")
 	case regionsNode != nil:
 		r.Regions = p.regions(regionsNode, join(path, "regions"), f.at("regions"), r.Quota, quotaOK)
+	}
+}
+
+// calendarOnly reports the fields a calendar quota leaves no room for: a limit and a burst (the
+// quota is the whole capacity of its period).
+func (p *parser) calendarOnly(f fieldSet, path string) {
+	if f.get("limit") != nil {
+		p.errf(f.at("limit"), join(path, "limit"), "a rule has either limit (a rolling token bucket) or quota (a calendar quota), not both")
+	}
+	if f.get("burst") != nil {
+		p.errf(f.at("burst"), join(path, "burst"), "not used with quota: a calendar quota's capacity is the quota of its period")
 	}
 }
 
@@ -126,6 +152,15 @@ func (p *parser) ruleFailure(f fieldSet, r *Rule, path string) {
 		}
 	}
 	emNode := f.get("emergency")
+	if r.Quota.Calendar != nil && (r.OnFailure == Emergency || emNode != nil) {
+		// Every agent's emergency bucket would admit beside the period's exact count.
+		line := f.at("on_failure")
+		if line == 0 {
+			line = f.at("emergency")
+		}
+		p.errf(line, join(path, "on_failure"), "a calendar quota fails closed: on_failure: deny (no emergency bucket)")
+		return
+	}
 	switch {
 	case r.OnFailure == Emergency && emNode == nil:
 		p.errf(f.line, join(path, "emergency"), "required with on_failure: emergency (the local emergency bucket's limit and burst)")
@@ -339,12 +374,29 @@ func (p *parser) overrides(n *yaml.Node, path string, r *Rule) []*override {
 			p.errf(e.line, op, "%s", strings.TrimPrefix(err.Error(), "policy: "))
 			continue
 		}
-		f, ok := p.fields(e.val, op, "limit", "burst", "regions", "emergency")
+		f, ok := p.fields(e.val, op, "limit", "burst", "quota", "regions", "emergency")
 		if !ok {
 			continue
 		}
 		o := &override{tenant: e.key, line: e.line}
-		q, qok := p.quota(f.get("limit"), f.get("burst"), op, e.val.Line)
+		var q Quota
+		var qok bool
+		switch qn := f.get("quota"); {
+		case r.Quota.Calendar != nil && qn == nil:
+			p.errf(e.val.Line, join(op, "quota"), "required: the rule is a calendar quota, so the override gives its own quota (such as 1000000/month)")
+			continue
+		case r.Quota.Calendar == nil && qn != nil:
+			p.errf(f.at("quota"), join(op, "quota"), "only for a rule with a calendar quota; this rule has a limit")
+			continue
+		case qn != nil:
+			p.calendarOnly(f, op)
+			q, qok = p.overrideCalendar(qn, op, r.Quota.Calendar)
+			if !qok {
+				continue
+			}
+		default:
+			q, qok = p.quota(f.get("limit"), f.get("burst"), op, e.val.Line)
+		}
 		o.quota = q
 		rn := f.get("regions")
 		switch {
@@ -366,4 +418,19 @@ func (p *parser) overrides(n *yaml.Node, path string, r *Rule) []*override {
 		out = append(out, o)
 	}
 	return out
+}
+
+// overrideCalendar reads an override's calendar quota: the same period and time zone as the
+// rule's (rule), another count.
+func (p *parser) overrideCalendar(n *yaml.Node, path string, rule *calendar.Period) (Quota, bool) {
+	q, ok := p.calendarQuota(n, nil, path)
+	if !ok {
+		return Quota{}, false
+	}
+	if q.Calendar.Unit != rule.Unit {
+		p.errf(n.Line, join(path, "quota"), "the rule's quota is per %s; an override keeps the period (and the rule's time zone)", rule.Unit)
+		return Quota{}, false
+	}
+	q.Calendar = rule
+	return q, true
 }

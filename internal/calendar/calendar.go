@@ -11,6 +11,7 @@ package calendar
 import (
 	"fmt"
 	"time"
+	_ "time/tzdata" // zones on hosts and images without a zoneinfo database: a quota must reset the same everywhere
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
 )
