@@ -375,6 +375,13 @@ func (sc *Scenario) parsePolicy() error {
 	if err != nil {
 		return err
 	}
+	// The virtual clock starts at the epoch, and its oracle is one token bucket: a calendar
+	// quota's periods and its exact counter are not simulated.
+	for _, r := range append(set.Rules(), set.Default()) {
+		if r.Quota.Calendar != nil {
+			return fmt.Errorf("policy: rule %s (line %d): calendar quotas (quota: %s) are not simulated; give the rule a limit", r.Name, r.Line, r.Quota)
+		}
+	}
 	sc.policy = set
 	return nil
 }
