@@ -34,6 +34,9 @@ func digest(s *Set) string {
 		fmt.Fprintf(&b, " templates %q\n", sorted(r.Templates))
 		fmt.Fprintf(&b, " operations %q\n", sorted(r.Operations))
 		fmt.Fprintf(&b, " quota %s scope %s\n", q(r.Quota), r.Scope)
+		for _, x := range r.Extra {
+			fmt.Fprintf(&b, " limit %d %s\n", x.Nth, q(x.Quota))
+		}
 		for _, rq := range r.Regions {
 			fmt.Fprintf(&b, " region %q %s\n", rq.Region, q(rq.Quota))
 		}

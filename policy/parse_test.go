@@ -134,7 +134,7 @@ func TestInvalid(t *testing.T) {
     limit: 10/minute
     brust: 5
 `, []string{
-			`test.yaml:9: rules[0].brust: unknown field (did you mean "burst"?); known fields: name, description, routes, operations, limit, burst, quota, timezone, cost, scope, regions, on_failure, retry_after_on_failure, emergency, shadow, headers, lease, overrides`,
+			`test.yaml:9: rules[0].brust: unknown field (did you mean "burst"?); known fields: name, description, routes, operations, limit, burst, quota, timezone, limits, cost, scope, regions, on_failure, retry_after_on_failure, emergency, shadow, headers, lease, overrides`,
 		}},
 		{"unknown top-level field and missing sections", `rulez: []
 `, []string{
@@ -307,7 +307,7 @@ func TestInvalid(t *testing.T) {
 `, []string{
 			`test.yaml:4: rules[0].regions: required with scope: regional (the per-region slices of the quota)`,
 			`test.yaml:13: rules[1].regions: only allowed with scope: regional`,
-			`test.yaml:19: rules[2].scope: "planetary" must be global or regional`,
+			`test.yaml:19: rules[2].scope: "planetary" must be global, regional or tenant`,
 			`test.yaml:26: rules[3].regions[EU]: region "EU" must match ^[a-z0-9][a-z0-9._-]{0,31}$`,
 		}},
 		{"overrides", header + `  - name: r
@@ -477,7 +477,7 @@ default: {limit: 10/minute, name: d}
 			`test.yaml:8: operations[Export]: named operation "Export" must match ^[a-z][a-z0-9_.-]{0,63}$`,
 			`test.yaml:11: envoy: tenant_key, route_key and operation_key must be different descriptor keys (got "x", "x", "method")`,
 			`test.yaml:14: envoy.colour: unknown field; known fields: domain, tenant_key, route_key, operation_key`,
-			`test.yaml:15: default.name: unknown field; known fields: description, limit, burst, quota, timezone, cost, scope, regions, on_failure, retry_after_on_failure, emergency, shadow, headers, lease, overrides`,
+			`test.yaml:15: default.name: unknown field; known fields: description, limit, burst, quota, timezone, limits, cost, scope, regions, on_failure, retry_after_on_failure, emergency, shadow, headers, lease, overrides`,
 		}},
 		{"types", header + `  - name: [r]
     routes: /a

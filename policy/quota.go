@@ -257,8 +257,8 @@ func rateCmp(a, b Quota) int {
 }
 
 func makeLimits(q Quota, scope Scope, regions []RegionQuota, em *Quota, override bool) tenantLimits {
-	if scope == Global {
-		return tenantLimits{global: &Limits{Quota: q, Fingerprint: fingerprint(q, Global, ""), Scope: Global,
+	if scope != Regional {
+		return tenantLimits{global: &Limits{Quota: q, Fingerprint: fingerprint(q, scope, ""), Scope: scope,
 			Override: override, Emergency: em}}
 	}
 	tl := tenantLimits{regions: map[string]*Limits{}}

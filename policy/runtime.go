@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -417,6 +418,9 @@ func (r *Rule) runtimeOverride(tenant string, ps overrideSpec) (*override, error
 	}
 	if ps.err != nil {
 		return nil, ps.err
+	}
+	if r.Of != nil || len(r.Extra) > 0 {
+		return nil, fmt.Errorf("%w: rule %q has several limits: overrides are not available for it", ErrInvalidOverride, cmp.Or(r.Of, r).Name)
 	}
 	p := &parser{file: "override"}
 	switch {
