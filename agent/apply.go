@@ -236,6 +236,13 @@ func (l *Limiter) paceUntil(now clock.Nanos, e *entry, paceMs int64) clock.Nanos
 func (l *Limiter) serveLocked(tokens bucket.Micro, e *entry, from grant) bucket.Micro {
 	served := 0
 	for _, t := range e.waiting {
+		if t.recheck {
+			// The refill is in (it becomes the lease once this returns, under the same lock the
+			// check takes to look again): check again.
+			t.decideLocked(Verdict{Outcome: Wait})
+			served++
+			continue
+		}
 		if bucket.Micro(t.cost) > tokens {
 			break
 		}

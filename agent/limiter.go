@@ -167,6 +167,9 @@ type Ticket struct {
 	ready chan struct{}
 	v     Verdict
 	from  grant // the lease an allowed ticket's tokens came from (a reservation's expiry: reserve.go)
+	// recheck: a check of several buckets waits for this entry's refill; it takes no tokens and is
+	// answered Wait (check again) once the refill is in (charges.go).
+	recheck bool
 }
 
 // Ready is closed when the ticket is decided.
@@ -205,6 +208,9 @@ func (l *Limiter) Check(now clock.Nanos, q Query) (Verdict, error) {
 
 // check decides a resolved query.
 func (l *Limiter) check(now clock.Nanos, res *resolved, tenant string) Verdict {
+	if res.charges {
+		return l.checkCharges(now, res, tenant)
+	}
 	e := res.e
 	if e == nil {
 		// A key's first use does not mark it: keys used once are evicted before keys used again.
@@ -397,6 +403,8 @@ type Stats struct {
 	ReturnsSkipped atomic.Uint64 // leases not handed back: the refill since their grant covers them, or they were worth less than a request and no refill came to carry them
 	SkippedMicro   atomic.Uint64 // µ of those leases
 	CreditedMicro  atomic.Uint64 // µ the coordinators credited
+	Refunds        atomic.Uint64 // costs given back to their lease by a check of several buckets that one refused
+	RefundsLost    atomic.Uint64 // of those, costs whose lease was retired meanwhile: they stay spent
 	LostMicro      atomic.Uint64 // µ handed back in calls that failed
 	Expired        atomic.Uint64 // leases that expired with tokens left
 	Evicted        atomic.Uint64 // keys evicted by the LRU bound

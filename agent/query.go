@@ -34,6 +34,8 @@ type resolved struct {
 	cost  int64 // µ, 1..capacity
 	hash  uint64
 	e     *entry
+	// charges: the route charges other buckets too, all or nothing (charges.go)
+	charges bool
 }
 
 // resolve is the one place a query meets the policy: it matches the route, finds the limits (from
@@ -62,6 +64,14 @@ func (l *Limiter) resolve(v *view, q Query) (resolved, error) {
 		return resolved{}, fmt.Errorf("%w: cost %d is not in 1..%d, the burst of rule %q", ErrInvalidCost, cost, burst, r.Rule.Name)
 	}
 	res.cost = cost * int64(bucket.PerToken)
+	if len(r.Charges()) > 0 {
+		if q.Cost != 0 {
+			if err := l.resolveCharges(v, r, q.Tenant, cost); err != nil {
+				return resolved{}, err
+			}
+		}
+		res.charges = true
+	}
 	return res, nil
 }
 
