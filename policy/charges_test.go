@@ -135,6 +135,8 @@ func TestChargesInvalid(t *testing.T) {
 			"test.yaml:7: rules[0].limit: not beside limits: list every limit of the rule under limits"},
 		{"the same limit twice", header + "  - name: r\n    routes: [/a]\n    operations: [read]\n    limits: [{limit: 60/minute}, {limit: 1/s, burst: 60}]\n",
 			"test.yaml:7: rules[0].limits[1]: the same limit as limits[0] (1/1s burst 60): list it once"},
+		{"a cost above a second limit", header + "  - name: r\n    routes: [/a]\n    operations: [read]\n    cost: 5\n    limits: [{limit: 10/s}, {quota: 4/day}]\n",
+			"test.yaml:7: rules[0].cost: cost 5 of operation read exceeds burst 4 of the rule's limit 2: such a request could never be allowed"},
 		{"too many limits", header + "  - name: r\n    routes: [/a]\n    operations: [read]\n    limits: [{limit: 1/s}, {limit: 2/s}, {limit: 3/s}, {limit: 4/s}, {limit: 5/s}]\n",
 			"test.yaml:7: rules[0].limits: more than 4 limits"},
 		{"a bad limit", header + "  - name: r\n    routes: [/a]\n    operations: [read]\n    limits:\n      - {limit: 1/s}\n      - {quota: 5/week}\n",

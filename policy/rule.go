@@ -317,6 +317,9 @@ func (p *parser) ruleCosts(s *Set, f fieldSet, r *Rule, path string) (entries []
 func (p *parser) checkRule(f fieldSet, r *Rule, path string, ovs []*override, entries []string, costLine int) {
 	base := quotaChecks("the rule's limit", r.Quota, r.Regions)
 	all := append([]quotaCheck(nil), base...)
+	for i, q := range r.extra {
+		all = append(all, quotaCheck{fmt.Sprintf("the rule's limit %d", i+2), q})
+	}
 	for _, o := range ovs {
 		all = append(all, quotaChecks(fmt.Sprintf("tenant %q's override", o.tenant), o.quota, o.regions)...)
 	}
