@@ -36,10 +36,12 @@ var errChargeCost = errors.New("the cost exceeds the burst of a bucket the check
 // again): the caller's wait bound then applies.
 const maxAttempts = 4
 
-// charge is one bucket of a check of several: its entry, and the lease its cost was spent from
-// (the lease's expiry, its identity: a refund goes back only into that lease).
+// charge is one bucket of a check of several: its entry, the cost charged to it, and the lease
+// the cost was spent from (the lease's expiry, its identity: a refund goes back only into that
+// lease).
 type charge struct {
 	e     *entry
+	cost  int64
 	lease int64
 }
 
@@ -47,43 +49,61 @@ type charge struct {
 func (l *Limiter) checkCharges(now clock.Nanos, res *resolved, tenant string) Verdict {
 	var cs [policy.MaxCharges + 1]charge
 	n := l.chargeEntries(res, tenant, &cs)
-	c := res.cost
+	v, _ := l.spendAll(now, cs[:n])
+	switch {
+	case v.Outcome == Allow && v.Rule == nil:
+		return allowCharges(cs[:n])
+	case v.Rule == nil:
+		v.Rule, v.Limits = res.route.Rule, res.lim
+	}
+	return v
+}
+
+// spendAll spends every charge's cost or none. Allowed, the verdict is a bare Allow (the caller
+// completes it) and refused is -1; otherwise refused is the charge whose bucket decided (a
+// denial, its failure mode, or Wait for its refill: nothing is spent anywhere).
+func (l *Limiter) spendAll(now clock.Nanos, cs []charge) (v Verdict, refused int) {
 	for range maxAttempts {
 		// A bucket that refuses for now (a cached denial, a lease that cannot serve) refuses the
 		// check before anything is spent: a flood over one limit never touches the others.
-		if j := refusing(now, cs[:n], c); j >= 0 {
-			v, again := l.probe(now, cs[j].e, c)
+		if j := refusing(now, cs); j >= 0 {
+			v, again := l.probe(now, cs[j].e, cs[j].cost)
 			if again {
 				continue
 			}
-			return l.longestRetry(now, v, cs[:n])
+			return l.longestRetry(now, v, cs), j
 		}
 		i := 0
-		for ; i < n; i++ {
-			exp, ok := cs[i].e.spendLease(now, c)
+		for ; i < len(cs); i++ {
+			exp, ok := cs[i].e.spendLease(now, cs[i].cost)
 			if !ok {
 				break
 			}
 			cs[i].lease = exp
 		}
-		if i == n {
-			return l.allowCharges(cs[:n])
+		if i == len(cs) {
+			for _, ch := range cs {
+				if e := ch.e; e.tokens.Load() < e.lowWater.Load() && !e.refilling.Load() {
+					l.prefetch(e)
+				}
+			}
+			return Verdict{Outcome: Allow}, -1
 		}
-		l.refund(cs[:i], c)
-		v, again := l.probe(now, cs[i].e, c)
+		l.refund(cs[:i])
+		v, again := l.probe(now, cs[i].e, cs[i].cost)
 		if again {
 			continue
 		}
-		return l.longestRetry(now, v, cs[:n])
+		return l.longestRetry(now, v, cs), i
 	}
-	return Verdict{Outcome: Wait, Ticket: retryTicket, Rule: res.route.Rule, Limits: res.lim}
+	return Verdict{Outcome: Wait, Ticket: retryTicket}, 0
 }
 
-// refusing is the first charge whose entry has a cached denial and no lease that can serve c.
-func refusing(now clock.Nanos, cs []charge, c int64) int {
+// refusing is the first charge whose entry has a cached denial and no lease that can serve it.
+func refusing(now clock.Nanos, cs []charge) int {
 	for j, ch := range cs {
 		e := ch.e
-		if int64(now) < e.deniedUntil.Load() && (int64(now) >= e.expires.Load() || e.tokens.Load() < c) {
+		if int64(now) < e.deniedUntil.Load() && (int64(now) >= e.expires.Load() || e.tokens.Load() < ch.cost) {
 			return j
 		}
 	}
@@ -113,7 +133,7 @@ func (l *Limiter) chargeEntries(res *resolved, tenant string, cs *[policy.MaxCha
 	} else if !e.touched.Load() {
 		e.touched.Store(true)
 	}
-	cs[0].e = e
+	cs[0].e, cs[0].cost = e, res.cost
 	if ln := e.links.Load(); ln != nil {
 		live := true
 		for i, ce := range ln.e[:ln.n] {
@@ -124,7 +144,7 @@ func (l *Limiter) chargeEntries(res *resolved, tenant string, cs *[policy.MaxCha
 			if !ce.touched.Load() {
 				ce.touched.Store(true)
 			}
-			cs[i+1].e = ce
+			cs[i+1].e, cs[i+1].cost = ce, res.cost
 		}
 		if live {
 			return ln.n + 1
@@ -147,7 +167,7 @@ func (l *Limiter) chargeEntries(res *resolved, tenant string, cs *[policy.MaxCha
 		} else if !ce.touched.Load() {
 			ce.touched.Store(true)
 		}
-		cs[n].e = ce
+		cs[n].e, cs[n].cost = ce, res.cost
 		ln.e[ln.n] = ce
 		ln.n++
 		n++
@@ -156,18 +176,14 @@ func (l *Limiter) chargeEntries(res *resolved, tenant string, cs *[policy.MaxCha
 	return n
 }
 
-// allowCharges completes an allowed check of several buckets: it prefetches the leases that fell
-// below their low water and reports the bucket with the fewest requests left.
-func (l *Limiter) allowCharges(cs []charge) Verdict {
+// allowCharges completes an allowed check of several buckets of one cost: it reports the bucket
+// with the fewest requests left.
+func allowCharges(cs []charge) Verdict {
 	var least *entry
 	var leastLeft int64
 	for _, ch := range cs {
 		e := ch.e
-		left := e.tokens.Load()
-		if left < e.lowWater.Load() && !e.refilling.Load() {
-			l.prefetch(e)
-		}
-		if all := left + e.remaining.Load(); least == nil || all < leastLeft { // one cost c for all: fewest requests
+		if all := e.tokens.Load() + e.remaining.Load(); least == nil || all < leastLeft {
 			least, leastLeft = e, all
 		}
 	}
@@ -200,12 +216,12 @@ func (e *entry) spendLease(now clock.Nanos, cost int64) (lease int64, ok bool) {
 // refund gives the cost back to the lease each charge took it from, if that lease is still the
 // entry's current one (retiring and installing leases happen under the entry's lock, held here);
 // otherwise the lease was retired and handed back without these tokens, which stay spent.
-func (l *Limiter) refund(cs []charge, c int64) {
+func (l *Limiter) refund(cs []charge) {
 	for _, ch := range cs {
 		e := ch.e
 		e.mu.Lock()
 		if ch.lease != 0 && e.expires.Load() == ch.lease {
-			e.tokens.Add(c)
+			e.tokens.Add(ch.cost)
 			l.stats.Refunds.Add(1)
 		} else {
 			l.stats.RefundsLost.Add(1)

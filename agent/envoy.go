@@ -76,7 +76,9 @@ func (e envoyServer) ShouldRateLimit(ctx context.Context, req *ratelimitv3.RateL
 		s.metrics.envoy("invalid")
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	s.decide(ctx, apiEnvoy, slots)
+	if len(slots) == 1 || s.lim.view.Load().set.Envoy().PerDescriptor || !s.decideTogether(ctx, slots) {
+		s.decide(ctx, apiEnvoy, slots)
+	}
 	resp := &ratelimitv3.RateLimitResponse{
 		OverallCode: ratelimitv3.RateLimitResponse_OK,
 		Statuses:    make([]*ratelimitv3.RateLimitResponse_DescriptorStatus, len(slots)),

@@ -142,6 +142,9 @@ type slot struct {
 	rec      *idemRecord // with key: the record this check leads or follows
 	leader   bool        // this check decides rec
 	replayed bool        // answered with rec's decision
+	// uncharged: another descriptor of the same Envoy request refused, so this one was answered
+	// without being charged (decideTogether); it is not a decision of its own.
+	uncharged bool
 }
 
 type slotState uint8
@@ -318,6 +321,9 @@ func (s *Server) proceed(sl *slot) {
 
 // record counts a finished check and audits it.
 func (s *Server) record(api string, now clock.Nanos, sl *slot) {
+	if sl.uncharged {
+		return
+	}
 	if sl.err != nil {
 		s.metrics.invalid(sl.err)
 		return

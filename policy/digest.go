@@ -21,6 +21,9 @@ func digest(s *Set) string {
 		fmt.Fprintf(&b, "operation %q %q\n", o, s.named[o])
 	}
 	fmt.Fprintf(&b, "envoy %q %q %q %q\n", s.envoy.Domain, s.envoy.TenantKey, s.envoy.RouteKey, s.envoy.OperationKey)
+	if s.envoy.PerDescriptor {
+		b.WriteString("envoy charge per_descriptor\n")
+	}
 	rules := append(s.Rules(), s.def)
 	sort.Slice(rules, func(i, j int) bool { return rules[i].Name < rules[j].Name })
 	q := func(q Quota) string {

@@ -277,6 +277,10 @@ type Envoy struct {
 	TenantKey    string // default "tenant"
 	RouteKey     string // default "path" (the request path, normalized like any path)
 	OperationKey string // default "method" (an HTTP method, class or named operation)
+	// PerDescriptor (charge: per_descriptor) charges each descriptor of a request on its own, as
+	// Envoy's reference service does: a refused descriptor leaves the others' charges spent. The
+	// default (all_or_nothing) charges every descriptor of a request or none.
+	PerDescriptor bool
 }
 
 // maxLinearOps is the number of operation names resolved by a linear scan: comparing a few short
