@@ -157,6 +157,10 @@ func TestChargesInvalid(t *testing.T) {
 			`test.yaml:9: rules[1]: rule "r"'s cost 5 of operation read exceeds the burst 3 of tenant budget "b" (1/1s burst 3): such a request could never be allowed`},
 		{"a direct route under a budget", header + "  - name: r\n    routes: [/a]\n    operations: [read]\n    limit: 10/s\n    lease: off\n  - name: b\n    scope: tenant\n    limit: 100/s\n",
 			`test.yaml:4: r: rule "r" has lease: off, and tenant budget "b" (line 9) covers its operation read: a check across several buckets is charged from leases`},
+		{"too many buckets for a check", header + "  - name: r\n    routes: [/a]\n    operations: [read]\n    limits: [{limit: 1/s}, {limit: 2/s}, {limit: 3/s}, {limit: 4/s}]\n" +
+			"  - {name: b1, scope: tenant, limits: [{limit: 10/s}, {limit: 11/s}, {limit: 12/s}]}\n" +
+			"  - {name: b2, scope: tenant, limits: [{limit: 20/s}, {limit: 21/s}, {limit: 22/s}, {limit: 23/s}]}\n",
+			`rules[2]: rule "r"'s route /a read would charge more than 8 buckets besides its own with tenant budget "b2"`},
 		{"default as a budget", "version: v1\ndefault: {limit: 10/minute, scope: tenant}\n",
 			`test.yaml:2: default.scope: "tenant" must be global or regional`},
 	} {

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -24,12 +25,16 @@ const (
 	// MaxRegions bounds the slices of a regional rule.
 	MaxRegions = 64
 
-	// MaxLimits bounds the limits of one rule and MaxTenantBudgets the tenant budgets (scope:
-	// tenant) of a Set, so a check charges at most MaxCharges buckets: the agent keeps them in
-	// an array on the stack, and a check's cost grows with each.
-	MaxLimits        = 4
+	// MaxLimits bounds the limits of one rule: with MaxTenantBudgets it keeps a check within
+	// MaxCharges buckets, which the agent holds in an array on the stack (a check's cost grows
+	// with each).
+	MaxLimits = 4
+	// MaxTenantBudgets bounds the tenant budgets (scope: tenant) of a Set: each may be charged by
+	// every check.
 	MaxTenantBudgets = 4
-	MaxCharges       = MaxLimits + MaxTenantBudgets
+	// MaxCharges is the most buckets one check charges besides its route's own (its rule's
+	// further limits and the tenant budgets' limits together).
+	MaxCharges = MaxLimits + MaxTenantBudgets
 
 	// DefaultFailureRetryAfter is the Retry-After of a fail-closed 503 when the rule does not say:
 	// short, because the outage behind it is usually brief and the agent retries its refill anyway.
@@ -306,8 +311,13 @@ func (p *parser) tenantBudgets(s *Set, budgets []*ruleSrc, add func(*Rule, templ
 						rt.rule.Name, rt.cost, rt.op, q.Burst, b.Name, q)
 				}
 			}
+			before := len(rt.charges)
 			rt.charges = append(rt.charges, id)
 			rt.charges = append(rt.charges, xids...)
+			if before <= MaxCharges && len(rt.charges) > MaxCharges {
+				p.errf(b.Line, src.path, "rule %q's route %s %s would charge more than %d buckets besides its own with tenant budget %q",
+					rt.rule.Name, cmp.Or(rt.tmpl.raw, "(default)"), rt.op, MaxCharges, b.Name)
+			}
 		}
 	}
 }
