@@ -276,6 +276,11 @@ func (l *Limiter) deniedLocked(now clock.Nanos, e *entry, res *coordinatorv1.Acq
 		e.fail.count = 0
 	}
 	for _, t := range e.waiting {
+		if t.recheck {
+			// The check of several buckets looks again, finds the denial and counts its demand.
+			t.decideLocked(Verdict{Outcome: Wait})
+			continue
+		}
 		e.refused += bucket.Micro(t.cost)
 		t.decideLocked(l.shadow(e, Verdict{Outcome: Deny, RetryAfter: retry}))
 	}
@@ -293,6 +298,10 @@ func (l *Limiter) failLocked(now clock.Nanos, e *entry) {
 	e.fail.until = now + clock.Of(min(d, maxFailureBackoff))
 	e.refilling.Store(false)
 	for _, t := range e.waiting {
+		if t.recheck {
+			t.decideLocked(Verdict{Outcome: Wait}) // the check of several buckets looks again, and finds the failure
+			continue
+		}
 		t.decideLocked(l.failureLocked(now, e, t.cost))
 	}
 	e.waiting = dropFront(e.waiting, len(e.waiting))

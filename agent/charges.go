@@ -43,6 +43,9 @@ type charge struct {
 	e     *entry
 	cost  int64
 	lease int64
+	// skipped: a shadow rule's bucket that could not serve; the check goes on without it (a
+	// shadow rule is reported, never enforced), and nothing was spent from it.
+	skipped bool
 }
 
 // checkCharges decides a check of a route with charges (see above).
@@ -53,6 +56,9 @@ func (l *Limiter) checkCharges(now clock.Nanos, res *resolved, tenant string) Ve
 	switch {
 	case v.Outcome == Allow && v.Rule == nil:
 		return allowCharges(cs[:n])
+	case v.ShadowDeny:
+		// Allowed, and a shadow rule's bucket would have refused: reported with that rule.
+		return v
 	case v.Rule == nil:
 		v.Rule, v.Limits = res.route.Rule, res.lim
 	}
@@ -73,13 +79,33 @@ func (l *Limiter) spendAll(now clock.Nanos, cs []charge) (v Verdict, refused int
 			}
 			return l.longestRetry(now, v, cs), j
 		}
+		var shadowed Verdict // a shadow rule's bucket that would have refused: reported, not enforced
+		var probed *Verdict  // the decision of a shadow rule's bucket probed below, if it decides
 		i := 0
 		for ; i < len(cs); i++ {
+			cs[i].lease, cs[i].skipped = 0, false
 			exp, ok := cs[i].e.spendLease(now, cs[i].cost)
-			if !ok {
+			if ok {
+				cs[i].lease = exp
+				continue
+			}
+			if !cs[i].e.rule.Shadow {
 				break
 			}
-			cs[i].lease = exp
+			v, again := l.probe(now, cs[i].e, cs[i].cost)
+			if !again && v.ShadowDeny {
+				cs[i].skipped, shadowed = true, v
+				continue
+			}
+			if again {
+				if exp, ok := cs[i].e.spendLease(now, cs[i].cost); ok {
+					cs[i].lease = exp
+					continue
+				}
+			} else {
+				probed = &v
+			}
+			break
 		}
 		if i == len(cs) {
 			for _, ch := range cs {
@@ -87,9 +113,15 @@ func (l *Limiter) spendAll(now clock.Nanos, cs []charge) (v Verdict, refused int
 					l.prefetch(e)
 				}
 			}
+			if shadowed.ShadowDeny {
+				return shadowed, -1
+			}
 			return Verdict{Outcome: Allow}, -1
 		}
 		l.refund(cs[:i])
+		if probed != nil {
+			return l.longestRetry(now, *probed, cs), i
+		}
 		v, again := l.probe(now, cs[i].e, cs[i].cost)
 		if again {
 			continue
@@ -103,7 +135,7 @@ func (l *Limiter) spendAll(now clock.Nanos, cs []charge) (v Verdict, refused int
 func refusing(now clock.Nanos, cs []charge) int {
 	for j, ch := range cs {
 		e := ch.e
-		if int64(now) < e.deniedUntil.Load() && (int64(now) >= e.expires.Load() || e.tokens.Load() < ch.cost) {
+		if int64(now) < e.deniedUntil.Load() && (int64(now) >= e.expires.Load() || e.tokens.Load() < ch.cost) && !e.rule.Shadow {
 			return j
 		}
 	}
@@ -218,6 +250,9 @@ func (e *entry) spendLease(now clock.Nanos, cost int64) (lease int64, ok bool) {
 // otherwise the lease was retired and handed back without these tokens, which stay spent.
 func (l *Limiter) refund(cs []charge) {
 	for _, ch := range cs {
+		if ch.skipped {
+			continue
+		}
 		e := ch.e
 		e.mu.Lock()
 		if ch.lease != 0 && e.expires.Load() == ch.lease {

@@ -182,3 +182,52 @@ func TestChargesConcurrent(t *testing.T) {
 	}
 	t.Logf("%d allowed, %d denied, %d refunds (%d lost)", allowed.Load(), denied.Load(), st.Refunds.Load(), st.RefundsLost.Load())
 }
+
+// TestChargesShadow: a shadow rule's bucket is reported, never enforced, also among several: when
+// it runs dry the check is allowed with a shadow denial, and the tenant budget beside it is
+// still charged and enforced.
+func TestChargesShadow(t *testing.T) {
+	set := parsePolicy(t, `
+version: "v1"
+rules:
+  - name: trial
+    routes: ["/api/*"]
+    operations: [read]
+    limit: 3/hour
+    shadow: true
+  - name: budget
+    scope: tenant
+    limit: 6/hour
+default:
+  limit: 60/minute
+  burst: 10
+`)
+	s := newStack(t, set, stackOptions{})
+	ctx := context.Background()
+	var allowed, shadowed int
+	for i := range 10 {
+		v, err := s.srv.Decide(ctx, agent.Query{Tenant: "acme", Path: "/api/x", Operation: "GET"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case v.Outcome == agent.Allow && v.ShadowDeny:
+			if v.Rule.Name != "trial" {
+				t.Fatalf("check %d: shadow denial by %s, want trial", i, v.Rule.Name)
+			}
+			shadowed++
+			allowed++
+		case v.Outcome == agent.Allow:
+			allowed++
+		case v.Outcome == agent.Deny:
+			if v.Rule.Name != "budget" {
+				t.Fatalf("check %d refused by %s, want the budget", i, v.Rule.Name)
+			}
+		default:
+			t.Fatalf("check %d: %v", i, v.Outcome)
+		}
+	}
+	if allowed != 6 || shadowed != 3 {
+		t.Fatalf("%d allowed (%d with a shadow denial), want 6 (3): the budget enforced, the shadow rule reported", allowed, shadowed)
+	}
+}

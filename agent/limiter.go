@@ -324,6 +324,11 @@ func (l *Limiter) Fallback(now clock.Nanos, t *Ticket) Verdict {
 		}
 	}
 	v := l.failureLocked(now, e, t.cost)
+	if t.recheck && v.ShadowDeny {
+		// A check of several buckets that waited too long for a shadow rule's bucket: the other
+		// buckets were not charged, so it cannot be allowed; it fails as the rule fails closed.
+		v = Verdict{Outcome: Unavailable, RetryAfter: e.rule.FailureRetryAfter, Rule: e.rule, Limits: e.lim}
+	}
 	t.decideLocked(v)
 	return v
 }
