@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/lease"
 	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
 	"github.com/leasebucket/leasebucket/policy"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
@@ -127,4 +128,52 @@ func TestChargesAcrossAgents(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestChargesAdmissionBound: the admission bound C + r·(w + τ) holds for a bucket checked
+// together with others. /paced charges its own 10/second (burst 20) bucket, a second limit that
+// never binds and a tenant budget; three agents behind two coordinators on one Redis are hammered,
+// and every window of the allowed checks keeps the first bucket's bound.
+func TestChargesAdmissionBound(t *testing.T) {
+	redistest.Require(t)
+	const text = `version: charges-bound-1
+rules:
+  - name: paced
+    routes: [/paced]
+    operations: [read]
+    limits:
+      - {limit: 10/second, burst: 20}
+      - {limit: 100000/hour, burst: 10000}
+  - name: budget
+    scope: tenant
+    limit: 100000/hour
+    burst: 10000
+default:
+  limit: 10/minute
+`
+	rdb := redistest.Start(t)
+	file := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	set, err := policy.Parse(file, []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	coords := []*coordinatorNode{startCoordinator(t, file, rdb.Addr()), startCoordinator(t, file, rdb.Addr())}
+	var agents []*agentNode
+	for range 3 {
+		agents = append(agents, startAgent(t, file, coords, "--max-wait", "500ms"))
+	}
+	allowed, outcomes := hammer(t, agents, &agentv1.CheckRequest{Tenant: "acme", Route: "/paced", Operation: "GET"}, 3*time.Second)
+	t.Logf("outcomes: %v", outcomes)
+	if outcomes["error"] > 0 || len(allowed) == 0 || outcomes[agentv1.Decision_DECISION_DENY.String()] == 0 {
+		t.Fatalf("want allows and denials: %v", outcomes)
+	}
+	q := set.Rule("paced").Quota
+	tightest, err := checkAdmission(allowed, float64(q.Burst), float64(q.Requests)/q.Period.Seconds(), lease.TTL(q.Bucket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d allowed; tightest window: %s", len(allowed), tightest)
 }
