@@ -246,6 +246,13 @@ const anyWaiting = clock.Nanos(math.MaxInt64)
 func (l *Limiter) serveLocked(tokens bucket.Micro, e *entry, from grant, asked clock.Nanos) bucket.Micro {
 	served := 0
 	for _, t := range e.waiting {
+		if t.recheck {
+			// The refill is in (it becomes the lease once this returns, under the same lock the
+			// check takes to look again): check again.
+			t.decideLocked(Verdict{Outcome: Wait})
+			served++
+			continue
+		}
 		if bucket.Micro(t.cost) > tokens || t.at > asked {
 			break
 		}
@@ -279,6 +286,11 @@ func (l *Limiter) deniedLocked(now clock.Nanos, e *entry, res *coordinatorv1.Acq
 		e.fail.count = 0
 	}
 	for _, t := range e.waiting {
+		if t.recheck {
+			// The check of several buckets looks again, finds the denial and counts its demand.
+			t.decideLocked(Verdict{Outcome: Wait})
+			continue
+		}
 		e.refused += bucket.Micro(t.cost)
 		t.decideLocked(l.shadow(e, Verdict{Outcome: Deny, RetryAfter: retry}))
 	}
@@ -296,6 +308,10 @@ func (l *Limiter) failLocked(now clock.Nanos, e *entry) {
 	e.fail.until = now + clock.Of(min(d, maxFailureBackoff))
 	e.refilling.Store(false)
 	for _, t := range e.waiting {
+		if t.recheck {
+			t.decideLocked(Verdict{Outcome: Wait}) // the check of several buckets looks again, and finds the failure
+			continue
+		}
 		t.decideLocked(l.failureLocked(now, e, t.cost))
 	}
 	e.waiting = dropFront(e.waiting, len(e.waiting))

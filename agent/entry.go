@@ -66,6 +66,15 @@ type entry struct {
 	inflight  bool   // an Acquire for this entry is out
 	backed    bool   // in the Limiter's hand-back queue
 	fail      *fails // nil until a refill of this key fails
+	// links are the entries a check of this key's route charges besides it (charges.go), found
+	// once and kept while they live; nil for most keys.
+	links atomic.Pointer[chargeLinks]
+}
+
+// chargeLinks are the other entries of a check of several buckets, in the route's charge order.
+type chargeLinks struct {
+	n int
+	e [policy.MaxCharges]*entry
 }
 
 // fails is the failure state of an entry, allocated when a refill first fails (most keys never

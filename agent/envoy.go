@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/calendar"
 	"github.com/leasebucket/leasebucket/policy"
 )
 
@@ -75,7 +76,9 @@ func (e envoyServer) ShouldRateLimit(ctx context.Context, req *ratelimitv3.RateL
 		s.metrics.envoy("invalid")
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	s.decide(ctx, apiEnvoy, slots)
+	if len(slots) == 1 || s.lim.view.Load().set.Envoy().PerDescriptor || !s.decideTogether(ctx, slots) {
+		s.decide(ctx, apiEnvoy, slots)
+	}
 	resp := &ratelimitv3.RateLimitResponse{
 		OverallCode: ratelimitv3.RateLimitResponse_OK,
 		Statuses:    make([]*ratelimitv3.RateLimitResponse_DescriptorStatus, len(slots)),
@@ -120,14 +123,15 @@ func (e envoyServer) ShouldRateLimit(ctx context.Context, req *ratelimitv3.RateL
 		rem := min(max(v.Remaining, 0), v.Limits.Bucket.Capacity())
 		st.CurrentLimit = currentLimit(v)
 		st.LimitRemaining = uint32(min(int64(rem/bucket.PerToken), math.MaxUint32))
-		reset := time.Duration(resetMs(v.Limits.Bucket, rem)) * time.Millisecond
+		now := wallFor(v.Limits)
+		reset := time.Duration(resetMs(v.Limits, rem, now)) * time.Millisecond
 		if v.Outcome != Allow {
 			// Over the limit, the reset that matters is when this request could pass.
 			reset = v.RetryAfter
 		}
 		st.DurationUntilReset = durationpb.New(reset)
 		if v.Rule != nil && v.Rule.Headers && !v.Degraded && v.Outcome != Unavailable {
-			p, r := rateLimitFields(v, rem, reset)
+			p, r := rateLimitFields(v, rem, reset, window(v.Limits, now))
 			policies, state = append(policies, p), append(state, r)
 		}
 	}
@@ -172,14 +176,14 @@ func ceilSeconds(d time.Duration) int64 {
 // the rule's quota q per window w seconds (a window that is not whole seconds scaled to the least
 // one that is: 5 per 1.5 s is q=10;w=3), the remaining r, and t, the seconds until more quota:
 // on a refusal the Retry-After, on an allow the bucket's next token (0 when it is full).
-func rateLimitFields(v *Verdict, rem bucket.Micro, reset time.Duration) (policy, state string) {
+func rateLimitFields(v *Verdict, rem bucket.Micro, reset, win time.Duration) (policy, state string) {
 	name := sfString(v.Rule.Name)
 	policy = name + ";q=" + strconv.FormatInt(v.Limits.Requests, 10)
-	if q, w, ok := quotaWindow(v.Limits.Requests, v.Limits.Period); ok {
+	if q, w, ok := quotaWindow(v.Limits.Requests, win); ok {
 		policy = name + ";q=" + strconv.FormatInt(q, 10) + ";w=" + strconv.FormatInt(w, 10)
 	}
-	t := reset // a refusal: the Retry-After
-	if v.Outcome == Allow {
+	t := reset // a refusal: the Retry-After; a calendar quota's next tokens come at its reset
+	if v.Outcome == Allow && v.Limits.Calendar == nil {
 		t = nextToken(reset, v.Limits.Period/time.Duration(max(v.Limits.Requests, 1)))
 	}
 	if t > 0 {
@@ -331,6 +335,13 @@ func currentLimit(v *Verdict) *ratelimitv3.RateLimitResponse_RateLimit {
 	rl := &ratelimitv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(min(l.Requests, math.MaxUint32))}
 	if v.Rule != nil {
 		rl.Name = v.Rule.Name
+	}
+	if c := l.Calendar; c != nil {
+		rl.Unit = ratelimitv3.RateLimitResponse_RateLimit_DAY
+		if c.Unit == calendar.Month {
+			rl.Unit = ratelimitv3.RateLimitResponse_RateLimit_MONTH
+		}
+		return rl
 	}
 	for _, u := range []struct {
 		d    time.Duration

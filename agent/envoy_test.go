@@ -3,6 +3,7 @@ package agent_test
 import (
 	"bytes"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -125,6 +126,41 @@ func TestEnvoyCardExample(t *testing.T) {
 // reference service charges each descriptor on its own); hits_addend is the cost, the
 // descriptor's own overriding the request's, and unset it is the rule's cost. The global
 // bucket's clock stands still, so each bucket allows exactly its burst.
+// TestEnvoyPerDescriptor: with envoy.charge: per_descriptor, as Envoy's reference service does,
+// a refused descriptor leaves the others' charges spent.
+func TestEnvoyPerDescriptor(t *testing.T) {
+	data, err := os.ReadFile(examplePolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Replace(string(data), "  operation_key: method\n", "  operation_key: method\n  charge: per_descriptor\n", 1)
+	s := newStack(t, parsePolicy(t, text), stackOptions{})
+	client := envoyClient(t, s)
+	call := func(hits uint32, ds ...*commonv3.RateLimitDescriptor) *ratelimitv3.RateLimitResponse {
+		t.Helper()
+		resp, err := client.ShouldRateLimit(ctxTimeout(t, 5*time.Second),
+			&ratelimitv3.RateLimitRequest{Domain: "leasebucket", Descriptors: ds, HitsAddend: hits})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	trial := descriptor("tenant", "trial-co", "path", "/orders", "method", "GET")
+	acme := descriptor("tenant", "acme", "path", "/orders/1", "method", "GET")
+	if resp := call(5, trial); resp.OverallCode != ratelimitv3.RateLimitResponse_OK {
+		t.Fatalf("5 hits on trial-co's burst of 5 = %v", resp)
+	}
+	if resp := call(0, acme, trial); resp.OverallCode != ratelimitv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("acme OK + trial-co over = %v", resp)
+	}
+	n := 0
+	for ; n < 1000 && call(0, acme).OverallCode == ratelimitv3.RateLimitResponse_OK; n++ {
+	}
+	if n != 19 {
+		t.Fatalf("acme's bucket allowed %d more, want 19: the refused request was charged to it once", n)
+	}
+}
+
 func TestEnvoyDescriptors(t *testing.T) {
 	s := newStack(t, loadPolicy(t, examplePolicy), stackOptions{})
 	client := envoyClient(t, s)
@@ -155,14 +191,14 @@ func TestEnvoyDescriptors(t *testing.T) {
 	if resp := call(5, trial); resp.OverallCode != ok || resp.Statuses[0].LimitRemaining != 0 || resp.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 10 {
 		t.Fatalf("5 hits on trial-co's burst of 5 = %v; want OK, 0 left of its override's 10/minute", resp)
 	}
-	// Two descriptors, one over: OVER_LIMIT, and the other keeps its charge.
+	// Two descriptors, one over: OVER_LIMIT, and the other is not charged (all or nothing).
 	acme := descriptor("tenant", "acme", "path", "/orders/1", "method", "GET")
 	resp := call(0, acme, trial)
 	if resp.OverallCode != over || resp.Statuses[0].Code != ok || resp.Statuses[1].Code != over {
 		t.Fatalf("acme OK + trial-co over = %v", resp)
 	}
-	if n := exhaust(acme); n != 19 {
-		t.Fatalf("acme's bucket allowed %d more, want 19: the refused request was charged to it once", n)
+	if n := exhaust(acme); n != 20 {
+		t.Fatalf("acme's bucket allowed %d more, want 20: the refused request charged nothing", n)
 	}
 	// The descriptor's hits_addend overrides the request's: 5 (not 1) takes trial-co's whole
 	// burst on /orders/{id}.
@@ -436,4 +472,37 @@ func metricValues(t testing.TB, reg *prometheus.Registry) map[string]float64 {
 		}
 	}
 	return values
+}
+
+// TestEnvoyTogether: descriptors of fresh keys, charged together, wait for each key's refill in
+// turn and are then all charged once.
+func TestEnvoyTogether(t *testing.T) {
+	s := newStack(t, loadPolicy(t, examplePolicy), stackOptions{})
+	client := envoyClient(t, s)
+	call := func(ds ...*commonv3.RateLimitDescriptor) *ratelimitv3.RateLimitResponse {
+		t.Helper()
+		resp, err := client.ShouldRateLimit(ctxTimeout(t, 5*time.Second), &ratelimitv3.RateLimitRequest{Domain: "leasebucket", Descriptors: ds})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	a := descriptor("tenant", "acme", "path", "/orders/1", "method", "GET")
+	b := descriptor("tenant", "beta", "path", "/orders/2", "method", "GET")
+	if resp := call(a, b); resp.OverallCode != ratelimitv3.RateLimitResponse_OK || resp.Statuses[0].Code != ratelimitv3.RateLimitResponse_OK ||
+		resp.Statuses[1].Code != ratelimitv3.RateLimitResponse_OK {
+		t.Fatalf("two fresh descriptors = %v, want both OK", resp)
+	}
+	for _, d := range []*commonv3.RateLimitDescriptor{a, b} {
+		n := 0
+		for ; n < 1000 && call(d).OverallCode == ratelimitv3.RateLimitResponse_OK; n++ {
+		}
+		if n != 19 {
+			t.Fatalf("%v allowed %d more, want 19: the request charged each once", d, n)
+		}
+	}
+	// Both over now: the first refusing descriptor names its bucket, the request is refused.
+	if resp := call(a, b); resp.OverallCode != ratelimitv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("two exhausted descriptors = %v, want OVER_LIMIT", resp)
+	}
 }

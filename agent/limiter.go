@@ -168,6 +168,9 @@ type Ticket struct {
 	v     Verdict
 	from  grant       // the lease an allowed ticket's tokens came from (a reservation's expiry: reserve.go)
 	at    clock.Nanos // when the check began to wait: a direct grant serves only checks waiting before its Acquire was sent
+	// recheck: a check of several buckets waits for this entry's refill; it takes no tokens and is
+	// answered Wait (check again) once the refill is in (charges.go).
+	recheck bool
 }
 
 // Ready is closed when the ticket is decided.
@@ -201,10 +204,11 @@ func (l *Limiter) Check(now clock.Nanos, q Query) (Verdict, error) {
 	if err := l.resolveInto(v, q, &res); err != nil {
 		return Verdict{}, err
 	}
-	// The common case in this frame: a known key whose lease serves the check. This is serve
+	// The common case in this frame: a known key of one bucket whose lease serves the check (a
+	// route that charges several buckets goes through check, all or nothing). This is serve
 	// written out, since the compiler does not inline it (cost 170, budget 80), and the call and
 	// the copy of its verdict were a fifth of an in-process check (BenchmarkCheck 59 → 49 ns).
-	if e := res.e; e != nil && e.touched.Load() {
+	if e := res.e; e != nil && !res.charges && e.touched.Load() {
 		if left, ok := e.spend(now, res.cost); ok {
 			if left < e.lowWater.Load() && !e.refilling.Load() {
 				l.prefetch(e)
@@ -230,6 +234,9 @@ func (l *Limiter) serve(now clock.Nanos, e *entry, c int64) (v Verdict, ok bool)
 
 // check decides a resolved query.
 func (l *Limiter) check(now clock.Nanos, res *resolved, tenant string) Verdict {
+	if res.charges {
+		return l.checkCharges(now, res, tenant)
+	}
 	e := res.e
 	if e == nil {
 		// A key's first use does not mark it: keys used once are evicted before keys used again.
@@ -340,6 +347,11 @@ func (l *Limiter) Fallback(now clock.Nanos, t *Ticket) Verdict {
 		}
 	}
 	v := l.failureLocked(now, e, t.cost)
+	if t.recheck && v.ShadowDeny {
+		// A check of several buckets that waited too long for a shadow rule's bucket: the other
+		// buckets were not charged, so it cannot be allowed; it fails as the rule fails closed.
+		v = Verdict{Outcome: Unavailable, RetryAfter: e.rule.FailureRetryAfter, Rule: e.rule, Limits: e.lim}
+	}
 	t.decideLocked(v)
 	return v
 }
@@ -419,6 +431,8 @@ type Stats struct {
 	ReturnsSkipped atomic.Uint64 // leases not handed back: the refill since their grant covers them, or they were worth less than a request and no refill came to carry them
 	SkippedMicro   atomic.Uint64 // µ of those leases
 	CreditedMicro  atomic.Uint64 // µ the coordinators credited
+	Refunds        atomic.Uint64 // costs given back to their lease by a check of several buckets that one refused
+	RefundsLost    atomic.Uint64 // of those, costs whose lease was retired meanwhile: they stay spent
 	LostMicro      atomic.Uint64 // µ handed back in calls that failed
 	Expired        atomic.Uint64 // leases that expired with tokens left
 	Evicted        atomic.Uint64 // keys evicted by the LRU bound

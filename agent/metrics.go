@@ -226,7 +226,7 @@ type coreCollector struct {
 var coreDescs = struct {
 	grants, grantedTokens, refillDenials, itemFailures, acquires, resends, returns, returnedTokens,
 	creditedTokens, lostTokens, skippedReturns, skippedTokens, expiries, evictions, degraded, shadow, mismatches,
-	outstanding, keys, inflight, queuedRefills, queuedReturns *prometheus.Desc
+	refunds, refundsLost, outstanding, keys, inflight, queuedRefills, queuedReturns *prometheus.Desc
 }{
 	grants:         desc("lease_grants_total", "Leases granted by the coordinators."),
 	grantedTokens:  desc("lease_granted_tokens_total", "Tokens granted in leases."),
@@ -245,6 +245,8 @@ var coreDescs = struct {
 	degraded:       desc("degraded_admissions_total", "Checks allowed by a local emergency bucket while the global state was unreachable."),
 	shadow:         desc("shadow_denials_total", "Checks a shadow rule would have denied (answered allow)."),
 	mismatches:     desc("policy_mismatches_total", "Refills a coordinator refused because it did not know this agent's policy version or a route."),
+	refunds:        desc("charge_refunds_total", "Costs given back to their lease by a check of several buckets that another bucket refused."),
+	refundsLost:    desc("charge_refunds_lost_total", "Of those, costs whose lease was retired in between: they stay spent (never moved into another lease)."),
 	outstanding:    desc("outstanding_lease_tokens", "Tokens this agent holds of the global buckets: unspent leases, and retired leases not yet credited back. At most this is lost if the agent dies."),
 	keys:           desc("keys", "Keys in the lease table."),
 	inflight:       desc("coordinator_calls_in_flight", "Acquire and Return calls in flight."),
@@ -260,7 +262,7 @@ func (c *coreCollector) Describe(ch chan<- *prometheus.Desc) {
 	d := coreDescs
 	for _, x := range []*prometheus.Desc{d.grants, d.grantedTokens, d.refillDenials, d.itemFailures, d.acquires, d.resends,
 		d.returns, d.returnedTokens, d.creditedTokens, d.lostTokens, d.skippedReturns, d.skippedTokens, d.expiries, d.evictions, d.degraded, d.shadow,
-		d.mismatches, d.outstanding, d.keys, d.inflight, d.queuedRefills, d.queuedReturns} {
+		d.mismatches, d.refunds, d.refundsLost, d.outstanding, d.keys, d.inflight, d.queuedRefills, d.queuedReturns} {
 		ch <- x
 	}
 }
@@ -291,6 +293,8 @@ func (c *coreCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(d.degraded, float64(s.Degraded.Load()))
 	counter(d.shadow, float64(s.ShadowDenied.Load()))
 	counter(d.mismatches, float64(s.PolicyMismatch.Load()))
+	counter(d.refunds, float64(s.Refunds.Load()))
+	counter(d.refundsLost, float64(s.RefundsLost.Load()))
 	held := int64(c.lim.Outstanding())
 	inflight := 0
 	if c.ref != nil {

@@ -34,6 +34,8 @@ type resolved struct {
 	cost  int64 // µ, 1..capacity
 	hash  uint64
 	e     *entry
+	// charges: the route charges other buckets too, all or nothing (charges.go)
+	charges bool
 }
 
 // resolve is the one place a query meets the policy: it matches the route, finds the limits (from
@@ -67,6 +69,14 @@ func (l *Limiter) resolveInto(v *view, q Query, res *resolved) error {
 		return costError(cost, burst, r.Rule.Name)
 	}
 	res.cost = cost * int64(bucket.PerToken)
+	if len(r.Charges()) > 0 {
+		if q.Cost != 0 {
+			if err := l.resolveCharges(v, r, q.Tenant, cost); err != nil {
+				return err
+			}
+		}
+		res.charges = true
+	}
 	return nil
 }
 

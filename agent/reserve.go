@@ -68,6 +68,10 @@ func (l *Limiter) Reserve(now clock.Nanos, q Query, a ReserveAsk) (Reservation, 
 	if res.route.Rule.Direct {
 		return Reservation{}, Verdict{}, fmt.Errorf("%w: rule %q", ErrNotReservable, res.route.Rule.Name)
 	}
+	if res.charges {
+		// A reservation is made of one lease's tokens; the route's check charges several buckets.
+		return Reservation{}, Verdict{}, fmt.Errorf("%w: rule %q charges several buckets", ErrNotReservable, res.route.Rule.Name)
+	}
 	e := res.e
 	if e == nil {
 		e = l.insert(&res, q.Tenant)

@@ -19,6 +19,7 @@ import (
 	"github.com/leasebucket/leasebucket/agent/audit"
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
+	"github.com/leasebucket/leasebucket/policy"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
 
@@ -141,6 +142,9 @@ type slot struct {
 	rec      *idemRecord // with key: the record this check leads or follows
 	leader   bool        // this check decides rec
 	replayed bool        // answered with rec's decision
+	// uncharged: another descriptor of the same Envoy request refused, so this one was answered
+	// without being charged (decideTogether); it is not a decision of its own.
+	uncharged bool
 }
 
 type slotState uint8
@@ -317,6 +321,9 @@ func (s *Server) proceed(sl *slot) {
 
 // record counts a finished check and audits it.
 func (s *Server) record(api string, now clock.Nanos, sl *slot) {
+	if sl.uncharged {
+		return
+	}
 	if sl.err != nil {
 		s.metrics.invalid(sl.err)
 		return
@@ -386,20 +393,47 @@ func fillResponse(resp *agentv1.CheckResponse, v Verdict) {
 	if v.Limits == nil {
 		return
 	}
-	lim := v.Limits.Bucket
-	rem := min(max(v.Remaining, 0), lim.Capacity())
+	rem := min(max(v.Remaining, 0), v.Limits.Bucket.Capacity())
 	resp.Remaining = int64(rem / bucket.PerToken)
 	resp.Limit = v.Limits.Requests
-	resp.WindowMs = v.Limits.Period.Milliseconds()
-	resp.ResetMs = resetMs(lim, rem)
+	now := wallFor(v.Limits)
+	resp.WindowMs = window(v.Limits, now).Milliseconds()
+	resp.ResetMs = resetMs(v.Limits, rem, now)
 }
 
-// resetMs is how long the bucket of lim takes from level to full at its rate, rounded up; 0 if it
-// is full or never refills.
-func resetMs(lim bucket.Limit, level bucket.Micro) int64 {
-	d, ok := bucket.State{Tokens: level}.TimeToFull(lim)
+// resetMs is how long the bucket of l takes from level to full at its rate, rounded up; 0 if it
+// is full or never refills. A calendar quota is full again when its period ends (now's period, on
+// this host's clock).
+func resetMs(l *policy.Limits, level bucket.Micro, now time.Time) int64 {
+	if l.Calendar != nil {
+		if level >= l.Bucket.Capacity() {
+			return 0
+		}
+		return max(0, int64(l.Calendar.Window(now).End)-now.UnixMilli())
+	}
+	d, ok := bucket.State{Tokens: level}.TimeToFull(l.Bucket)
 	if !ok {
 		return 0
 	}
 	return int64(d)
+}
+
+// wallFor is the wall clock when l is a calendar quota (its reset and window depend on it), and
+// the zero time otherwise: a token bucket's answers need no clock reading.
+func wallFor(l *policy.Limits) time.Time {
+	if l.Calendar != nil {
+		return time.Now()
+	}
+	return time.Time{}
+}
+
+// window is the period the limit's requests are counted over: the refill period of a token
+// bucket; for a calendar quota the length of now's period (a day of a daylight-saving change or
+// a month varies).
+func window(l *policy.Limits, now time.Time) time.Duration {
+	if l.Calendar != nil {
+		w := l.Calendar.Window(now)
+		return time.Duration(w.End-w.Start) * time.Millisecond
+	}
+	return l.Period
 }

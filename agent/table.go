@@ -78,8 +78,13 @@ func newTable(maxKeys int, onEvicted func(*entry)) *table {
 func newSlots(n int) *slots { return &slots{mask: uint64(n - 1), s: make([]atomic.Pointer[entry], n)} }
 
 func (t *table) hash(route uint32, tenant string) uint64 {
-	return maphash.String(t.seed, tenant) ^ (uint64(route)+1)*0x9e3779b97f4a7c15
+	return maphash.String(t.seed, tenant) ^ routeMix(route)
 }
+
+func routeMix(route uint32) uint64 { return (uint64(route) + 1) * 0x9e3779b97f4a7c15 }
+
+// rehash is hash(to, tenant) from h = hash(from, tenant), without hashing the tenant again.
+func rehash(h uint64, from, to uint32) uint64 { return h ^ routeMix(from) ^ routeMix(to) }
 
 func (t *table) shardOf(h uint64) *shard { return &t.shards[(h>>32)&t.mask] }
 

@@ -190,6 +190,11 @@ func (a *AdminService) resolve(c *adminCall, sel *adminv1.BucketSelector) (admin
 	if err != nil {
 		return adminBucket{}, status.Errorf(codes.InvalidArgument, "%s", trimPolicy(err))
 	}
+	if lim.Calendar != nil {
+		// The admin scripts read and write token buckets; a counter's state means something else.
+		return adminBucket{}, status.Errorf(codes.FailedPrecondition,
+			"rule %q is a calendar quota (%s): the admin API inspects and sets token buckets only; nothing done", route.Rule.Name, lim.Quota)
+	}
 	key, err := set.Key(route, sel.Tenant, sel.Region)
 	if err != nil {
 		return adminBucket{}, status.Errorf(codes.InvalidArgument, "%s", trimPolicy(err))

@@ -309,6 +309,7 @@ func TestAdminBadInput(t *testing.T) {
 		{"unmatched route", sel("acme", "/nowhere", "GET", "", "hot"), codes.FailedPrecondition, "resolves to default (operation read)"},
 		{"no region", sel("acme", "/search", "GET", "", ""), codes.InvalidArgument, `region "": rule "search" is regional, with slices for eu-west, us-east`},
 		{"unknown region", sel("acme", "/search", "GET", "mars", ""), codes.InvalidArgument, `region "mars"`},
+		{"calendar quota", sel("acme", "/monthly", "GET", "", ""), codes.FailedPrecondition, `rule "monthly" is a calendar quota (1000/month)`},
 	} {
 		_, err := st.admin.InspectBucket(ctx, &adminv1.InspectBucketRequest{Bucket: c.sel})
 		wantCode(t, "InspectBucket "+c.name, err, c.code, c.msg)
@@ -325,8 +326,8 @@ func TestAdminBadInput(t *testing.T) {
 	if mem.Len() != 0 {
 		t.Errorf("rejected calls wrote %d keys", mem.Len())
 	}
-	if n := len(st.audit.records(t)); n != 3*11+2 {
-		t.Errorf("%d audit records, want one per call (35)", n)
+	if n := len(st.audit.records(t)); n != 3*12+2 {
+		t.Errorf("%d audit records, want one per call (38)", n)
 	}
 }
 
@@ -441,7 +442,7 @@ func TestAdminOverrides(t *testing.T) {
 				code codes.Code
 				msg  string
 			}{
-				{&adminv1.SetOverrideRequest{Rule: "cold", Tenant: tenant, Spec: "{limit: 1/1s}"}, codes.NotFound, `unknown rule "cold" in policy version v1 (rules: big, default, hot, search, slow)`},
+				{&adminv1.SetOverrideRequest{Rule: "cold", Tenant: tenant, Spec: "{limit: 1/1s}"}, codes.NotFound, `unknown rule "cold" in policy version v1 (rules: big, default, hot, monthly, search, slow)`},
 				{&adminv1.SetOverrideRequest{Rule: "hot", Tenant: tenant, Spec: "{limit: 10/fortnight}"}, codes.InvalidArgument, `invalid override: limit: "10/fortnight"`},
 				{&adminv1.SetOverrideRequest{Rule: "hot", Tenant: tenant, Spec: "{limit: 10/1s, brust: 5}"}, codes.InvalidArgument, `brust: unknown field (did you mean "burst"?)`},
 				{&adminv1.SetOverrideRequest{Rule: "search", Tenant: tenant, Spec: "{limit: 10/1s}"}, codes.InvalidArgument, `regions: required`},

@@ -72,6 +72,10 @@ rules:
     regions:
       eu-west: {limit: 180/minute, burst: 18}
       us-east: {limit: 120/minute, burst: 12}
+  - name: monthly
+    routes: [/monthly]
+    operations: [read]
+    quota: 1000/month
 default:
   limit: 60/minute
   burst: 10

@@ -43,6 +43,25 @@ type Service struct {
 	versions []*policy.Set // newest first, at most KeepVersions
 
 	unknownVersion func(version string) bool // see WithUnknownVersion
+	now            func() time.Time          // the clock calendar windows are computed from (WithClock)
+}
+
+// CalendarSlack is how far behind its own clock the coordinator computes a calendar quota's
+// window (the period of that moment and the next one): the store's clock, which decides the
+// period, may lag the coordinator's by this much, or lead it by nearly a period, and still fall
+// in the window. A store clock outside it fails the item (STORE_UNAVAILABLE), never miscounts.
+const CalendarSlack = time.Minute
+
+// WithClock sets the clock calendar windows are computed from (default time.Now); the
+// simulator passes its virtual clock.
+func WithClock(now func() time.Time) Option { return func(s *Service) { s.now = now } }
+
+// window is the calendar window of l for a store request, or none for a token bucket.
+func (s *Service) window(l *policy.Limits) bucket.Window {
+	if l.Calendar == nil {
+		return bucket.Window{}
+	}
+	return l.Calendar.Window(s.now().Add(-CalendarSlack))
 }
 
 // Option configures a Service.
@@ -68,7 +87,7 @@ func WithUnknownVersion(f func(version string) bool) Option {
 
 // NewService returns a Service over store answering for set.
 func NewService(store Store, set *policy.Set, opts ...Option) *Service {
-	s := &Service{store: store, log: zap.NewNop()}
+	s := &Service{store: store, log: zap.NewNop(), now: time.Now}
 	for _, o := range opts {
 		o(s)
 	}
@@ -195,7 +214,8 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 		}
 		t := TakeRequest{Key: res.key, Limit: res.limits.Bucket, Want: p.Want, Min: p.Least, Share: p.Share, Unit: p.Unit,
 			Credit: Credit{Amount: bucket.Micro(it.ReturnMicro), GrantedAt: bucket.Millis(it.ReturnGrantedAtMs)},
-			Demand: bucket.Micro(it.DemandMicroPerSecond), TTL: bucket.Millis(p.TTL / time.Millisecond), Op: op}
+			Demand: bucket.Micro(it.DemandMicroPerSecond), TTL: bucket.Millis(p.TTL / time.Millisecond), Op: op,
+			Period: s.window(res.limits)}
 		if err != nil || t.Validate() != nil || !seen.add(res.key) {
 			results[i] = &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_INVALID}
 			continue
@@ -207,7 +227,7 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 	// Leases of other keys ride in the same store batch: a take that only credits.
 	rets, retAt, retResults := s.returnRequests(set, op, req.Returns, &seen)
 	for _, r := range rets {
-		takes = append(takes, TakeRequest{Key: r.Key, Limit: r.Limit, Credit: Credit{Amount: r.Amount, GrantedAt: r.GrantedAt}, Op: op})
+		takes = append(takes, TakeRequest{Key: r.Key, Limit: r.Limit, Credit: Credit{Amount: r.Amount, GrantedAt: r.GrantedAt}, Op: op, Period: r.Period})
 	}
 	var out []TakeResult
 	if len(takes) > 0 {
@@ -226,7 +246,7 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 	var itemErr error
 	for j, r := range out[:len(at)] {
 		i := at[j]
-		results[i] = acquireResult(plans[i], takes[j].Limit, r)
+		results[i] = acquireResult(plans[i], takes[j].Limit, takes[j].Period, r)
 		if r.Err != nil && !errors.Is(r.Err, ErrInvalidRequest) {
 			s.metrics.storeItemError(methodAcquire)
 			itemErr = cmp.Or(itemErr, r.Err)
@@ -252,7 +272,10 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 	return resp, nil
 }
 
-func acquireResult(p lease.Plan, limit bucket.Limit, r TakeResult) *coordinatorv1.AcquireResult {
+// acquireResult is the answer to one granted, denied or failed take. A calendar quota's lease
+// (w set) lives at most until its period ends on the key clock: the agent counts its lifetime from
+// before the grant, so no token of a period is spent in the next one.
+func acquireResult(p lease.Plan, limit bucket.Limit, w bucket.Window, r TakeResult) *coordinatorv1.AcquireResult {
 	switch {
 	case errors.Is(r.Err, ErrInvalidRequest):
 		return &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_INVALID}
@@ -272,10 +295,18 @@ func acquireResult(p lease.Plan, limit bucket.Limit, r TakeResult) *coordinatorv
 			PaceMs:         int64(r.Pace),
 		}
 	}
+	ttl := int64(p.TTL / time.Millisecond)
+	if !w.IsZero() && ttl > 0 {
+		end := w.End
+		if r.Now >= w.End {
+			end = w.Next
+		}
+		ttl = min(ttl, int64(end-r.Now))
+	}
 	return &coordinatorv1.AcquireResult{
 		Status:         coordinatorv1.Status_STATUS_OK,
 		GrantedMicro:   int64(r.Granted),
-		TtlMs:          int64(p.TTL / time.Millisecond),
+		TtlMs:          ttl,
 		RemainingMicro: int64(r.Remaining),
 		GrantedAtMs:    int64(r.Now),
 		Scarce:         Scarce(p, limit, r.Granted, r.Remaining),
@@ -323,6 +354,7 @@ func (s *Service) returnRequests(set *policy.Set, op OpID, items []*coordinatorv
 		r := ReturnRequest{
 			Key: res.key, Limit: res.limits.Bucket,
 			Amount: bucket.Micro(it.UnspentMicro), GrantedAt: bucket.Millis(it.GrantedAtMs), Op: op,
+			Period: s.window(res.limits),
 		}
 		if r.Validate() != nil || !seen.add(res.key) {
 			results[i] = &coordinatorv1.ReturnResult{Status: coordinatorv1.Status_STATUS_INVALID}

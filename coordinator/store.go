@@ -79,6 +79,7 @@ type TakeRequest struct {
 	Credit Credit
 	Demand bucket.Micro
 	TTL    bucket.Millis
+	Period bucket.Window
 	Op     OpID
 }
 
@@ -111,12 +112,13 @@ type TakeResult struct {
 }
 
 // ReturnRequest credits back Amount unspent microtokens of a lease granted at GrantedAt
-// (State.Return).
+// (State.Return; Counter.Return with a Period, as in TakeRequest).
 type ReturnRequest struct {
 	Key       string
 	Limit     bucket.Limit
 	Amount    bucket.Micro
 	GrantedAt bucket.Millis
+	Period    bucket.Window
 	Op        OpID
 }
 
@@ -157,7 +159,24 @@ func (r *TakeRequest) Validate() error {
 	if err := r.Credit.validate(r.Key); err != nil {
 		return err
 	}
+	if err := validPeriod(r.Key, r.Limit, r.Period); err != nil {
+		return err
+	}
 	return r.Op.validate()
+}
+
+// validPeriod checks a counter's window and that its quota does not refill.
+func validPeriod(key string, l bucket.Limit, w bucket.Window) error {
+	if w.IsZero() {
+		return nil
+	}
+	if err := w.Validate(); err != nil {
+		return fmt.Errorf("%w: key %q: %w", ErrInvalidRequest, key, err)
+	}
+	if l.Refills() {
+		return fmt.Errorf("%w: key %q is a calendar counter with a refilling limit %v", ErrInvalidRequest, key, l)
+	}
+	return nil
 }
 
 func (c Credit) validate(key string) error {
@@ -179,6 +198,9 @@ func (r *ReturnRequest) Validate() error {
 		return fmt.Errorf("%w: key %q has no limit", ErrInvalidRequest, r.Key)
 	}
 	if err := (Credit{r.Amount, r.GrantedAt}).validate(r.Key); err != nil {
+		return err
+	}
+	if err := validPeriod(r.Key, r.Limit, r.Period); err != nil {
 		return err
 	}
 	return r.Op.validate()

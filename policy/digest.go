@@ -21,14 +21,25 @@ func digest(s *Set) string {
 		fmt.Fprintf(&b, "operation %q %q\n", o, s.named[o])
 	}
 	fmt.Fprintf(&b, "envoy %q %q %q %q\n", s.envoy.Domain, s.envoy.TenantKey, s.envoy.RouteKey, s.envoy.OperationKey)
+	if s.envoy.PerDescriptor {
+		b.WriteString("envoy charge per_descriptor\n")
+	}
 	rules := append(s.Rules(), s.def)
 	sort.Slice(rules, func(i, j int) bool { return rules[i].Name < rules[j].Name })
-	q := func(q Quota) string { return fmt.Sprintf("%d/%d/%d", q.Requests, q.Period.Milliseconds(), q.Burst) }
+	q := func(q Quota) string {
+		if q.Calendar != nil {
+			return fmt.Sprintf("%d/calendar %s %q", q.Requests, q.Calendar.Unit, q.Calendar.Loc)
+		}
+		return fmt.Sprintf("%d/%d/%d", q.Requests, q.Period.Milliseconds(), q.Burst)
+	}
 	for _, r := range rules {
 		fmt.Fprintf(&b, "rule %q default=%t\n description %q\n", r.Name, r.Default, r.Description)
 		fmt.Fprintf(&b, " templates %q\n", sorted(r.Templates))
 		fmt.Fprintf(&b, " operations %q\n", sorted(r.Operations))
 		fmt.Fprintf(&b, " quota %s scope %s\n", q(r.Quota), r.Scope)
+		for _, x := range r.Extra {
+			fmt.Fprintf(&b, " limit %d %s\n", x.Nth, q(x.Quota))
+		}
 		for _, rq := range r.Regions {
 			fmt.Fprintf(&b, " region %q %s\n", rq.Region, q(rq.Quota))
 		}

@@ -25,9 +25,20 @@ type Explanation struct {
 	Limits *Limits
 	Cost   int64
 	Key    string
+	// Also are the other buckets the request charges, all or nothing with Key: the rule's further
+	// limits, then the tenant budgets covering the operation.
+	Also []Charge
 
 	Version string
 	Digest  string
+}
+
+// Charge is one more bucket a request charges, and why.
+type Charge struct {
+	Route  Route
+	Limits *Limits
+	Key    string
+	Why    string
 }
 
 // Candidate is a route that also matched but lost, and why.
@@ -105,14 +116,49 @@ func (s *Set) Explain(tenant, path, operation, region string) (Explanation, erro
 	if e.Key, err = s.Key(e.Route, tenant, region); err != nil {
 		return e, err
 	}
+	for _, id := range e.Route.Charges() {
+		c := Charge{Route: s.RouteByID(id)}
+		r := c.Route.Rule
+		if c.Limits, err = s.Limits(c.Route, tenant, region); err != nil {
+			return e, err
+		}
+		c.Key = s.KeyFor(c.Route, tenant, c.Limits)
+		owner := r
+		if r.Of != nil {
+			owner = r.Of
+		}
+		if owner.Scope == Tenant {
+			c.Why = fmt.Sprintf("tenant budget %s (line %d): every request of the tenant", owner.Name, owner.Line)
+			if len(owner.Operations) > 0 {
+				c.Why += " of " + strings.Join(owner.Operations, ", ")
+			}
+			if r.Of != nil {
+				c.Why += fmt.Sprintf(", its limit %d", r.Nth)
+			}
+		} else {
+			c.Why = fmt.Sprintf("limit %d of rule %s", r.Nth, owner.Name)
+		}
+		e.Also = append(e.Also, c)
+	}
 	return e, nil
+}
+
+// limitLine describes an effective limit in one line.
+func limitLine(l *Limits) string {
+	if c := l.Calendar; c != nil {
+		return fmt.Sprintf("%d per calendar %s in %s", l.Requests, c.Unit, c.Loc)
+	}
+	return fmt.Sprintf("%d per %s, burst %d", l.Requests, FormatPeriod(l.Period), l.Burst)
 }
 
 // String renders the explanation for a terminal, one fact per line.
 func (e Explanation) String() string {
 	var b strings.Builder
 	line := func(k, format string, args ...any) {
-		fmt.Fprintf(&b, "%-12s %s\n", k+":", fmt.Sprintf(format, args...))
+		if k != "" {
+			k += ":"
+		}
+		fmt.Fprintf(&b, "%-12s %s\n", k, fmt.Sprintf(format, args...))
 	}
 	r := e.Route.Rule
 	line("policy", "version %s (digest %s)", e.Version, short(e.Digest))
@@ -160,8 +206,13 @@ func (e Explanation) String() string {
 		if l.Region != "" {
 			scope += ", slice of region " + l.Region
 		}
-		line("limit", "%d per %s, burst %d (%s; %s)", l.Requests, FormatPeriod(l.Period), l.Burst, src, scope)
-		line("bucket", "%s", l.Bucket)
+		if c := l.Calendar; c != nil {
+			line("quota", "%d per calendar %s in %s, all of it again at each %s's start (%s; %s)", l.Requests, c.Unit, c.Loc, c.Unit, src, scope)
+			line("counter", "exact: %dµ per period, spent and handed back within it; no refill", l.Bucket.Capacity())
+		} else {
+			line("limit", "%d per %s, burst %d (%s; %s)", l.Requests, FormatPeriod(l.Period), l.Burst, src, scope)
+			line("bucket", "%s", l.Bucket)
+		}
 	}
 	line("cost", "%d token(s) per request", e.Cost)
 	switch r.OnFailure {
@@ -181,6 +232,17 @@ func (e Explanation) String() string {
 	if e.Limits != nil {
 		line("key", "%s", e.Key)
 		line("key version", "%s (fingerprint of the effective limit)", e.Limits.Fingerprint)
+	}
+	for i, c := range e.Also {
+		k := ""
+		if i == 0 {
+			k = "also"
+		}
+		line(k, "%s: %s (%s)", c.Route.Rule.Name, limitLine(c.Limits), c.Why)
+		line("", "  key %s", c.Key)
+	}
+	if len(e.Also) > 0 {
+		line("charged", "all %d buckets or none: one that refuses refuses the request, and nothing is spent", len(e.Also)+1)
 	}
 	return b.String()
 }

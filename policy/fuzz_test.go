@@ -18,6 +18,8 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Add(example)
 	f.Add([]byte(precedencePolicy))
+	f.Add([]byte(calendarPolicy))
+	f.Add([]byte(chargesPolicy))
 	f.Add([]byte(watchPolicy("v1", 100, 30)))
 	f.Add([]byte(header + "  - {name: r, routes: [/a], operations: [read], limit: 1/s, cost: 2}\n"))
 	f.Add([]byte("version: v1\ndefault: &d {limit: 10/minute}\nx: *d\n"))
@@ -73,6 +75,25 @@ func checkSet(t *testing.T, s *Set) {
 		}
 		if r.Rule.Scope == Regional {
 			regions = regions[1:]
+		}
+		// The buckets a check charges besides its own: at most MaxCharges, each another bucket
+		// whose burst takes the route's cost.
+		if cs := r.Charges(); len(cs) > MaxCharges {
+			t.Fatalf("%v charges %d buckets besides its own, more than %d", r, len(cs), MaxCharges)
+		}
+		own, _ := s.Key(r, "t", "")
+		seen := map[string]bool{own: true}
+		for _, id := range r.Charges() {
+			c := s.RouteByID(id)
+			l, err := s.Limits(c, "t", "")
+			if !c.Valid() || err != nil || len(c.Charges()) != 0 || s.Cost(r) > l.Burst {
+				t.Fatalf("charge %v of %v: limits %v, %v; charges %v; cost %d", c, r, l, err, c.Charges(), s.Cost(r))
+			}
+			if k, _ := s.Key(c, "t", ""); r.Rule.Scope != Regional && seen[k] {
+				t.Fatalf("charge %v of %v: key %s twice", c, r, k)
+			} else {
+				seen[k] = true
+			}
 		}
 		tenants := append([]string{worst, "t"}, r.Rule.OverrideTenants()...)
 		for _, tenant := range tenants {

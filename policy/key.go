@@ -144,7 +144,15 @@ func buildKey(tenant, shape, op, fingerprint, region string) string {
 // reduced refill rate, the scope and the region slice). Limits that are equal in that sense (such
 // as 100/minute and 200/2m with one burst) share it; anything else a rule says (costs, failure
 // mode, shadow, headers, templates) does not enter it, so changing those keeps the bucket state.
+//
+// A calendar quota's fingerprint is over its own encoding (the quota, the period and the time
+// zone): a counter and a bucket never share a key, and token-bucket fingerprints are unchanged.
 func fingerprint(q Quota, scope Scope, region string) string {
+	if q.Calendar != nil {
+		sum := sha256.Sum256(fmt.Appendf(nil, "lb-calendar-v1\nquota=%d\nperiod=%s\nzone=%s\nscope=%s\nregion=%s\n",
+			q.Bucket.Capacity(), q.Calendar.Unit, q.Calendar.Loc, scope, region))
+		return hex.EncodeToString(sum[:])[:FingerprintLen]
+	}
 	num, den := q.Bucket.Rate()
 	sum := sha256.Sum256(fmt.Appendf(nil, "lb-limit-v1\ncapacity=%d\nrate=%d/%d\nscope=%s\nregion=%s\n",
 		q.Bucket.Capacity(), num, den, scope, region))

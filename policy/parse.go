@@ -2,6 +2,7 @@ package policy
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -23,6 +24,17 @@ const (
 
 	// MaxRegions bounds the slices of a regional rule.
 	MaxRegions = 64
+
+	// MaxLimits bounds the limits of one rule: with MaxTenantBudgets it keeps a check within
+	// MaxCharges buckets, which the agent holds in an array on the stack (a check's cost grows
+	// with each).
+	MaxLimits = 4
+	// MaxTenantBudgets bounds the tenant budgets (scope: tenant) of a Set: each may be charged by
+	// every check.
+	MaxTenantBudgets = 4
+	// MaxCharges is the most buckets one check charges besides its route's own (its rule's
+	// further limits and the tenant budgets' limits together).
+	MaxCharges = MaxLimits + MaxTenantBudgets
 
 	// DefaultFailureRetryAfter is the Retry-After of a fail-closed 503 when the rule does not say:
 	// short, because the outage behind it is usually brief and the agent retries its refill anyway.
@@ -194,8 +206,17 @@ func (p *parser) parse(data []byte) *Set {
 // ties: two rules claiming one (template shape, operation).
 func (p *parser) routes(s *Set, srcs []*ruleSrc) {
 	total := len(s.classes) + 1
+	var budgets []*ruleSrc // tenant budgets, in file order
 	for _, src := range srcs {
-		total += len(src.tmpls) * len(src.rule.Operations)
+		total += len(src.tmpls) * len(src.rule.Operations) * (1 + len(src.rule.Extra))
+		if src.rule.Scope == Tenant {
+			budgets = append(budgets, src)
+			total++
+		}
+	}
+	if len(budgets) > MaxTenantBudgets {
+		p.errf(budgets[MaxTenantBudgets].rule.Line, budgets[MaxTenantBudgets].path, "more than %d tenant budgets (scope: tenant)", MaxTenantBudgets)
+		return
 	}
 	if total > MaxRoutes {
 		p.errf(0, "rules", "%d routes (rule × template × operation), more than %d", total, MaxRoutes)
@@ -239,6 +260,10 @@ func (p *parser) routes(s *Set, srcs []*ruleSrc) {
 				}
 				claims[k] = claim{r.Name, t.raw, src.tmplLines[ti]}
 				id := add(r, t, op, src.tmplLines[ti], field)
+				for _, x := range r.Extra {
+					xid := add(x, t, op, src.tmplLines[ti], field)
+					s.routes[id].charges = append(s.routes[id].charges, uint32(xid))
+				}
 				end := s.root.insert(t)
 				end.ends = append(end.ends, endEntry{op: s.ops[op].exact, route: id})
 			}
@@ -249,4 +274,76 @@ func (p *parser) routes(s *Set, srcs []*ruleSrc) {
 		s.defByClass[s.ops[c].exact] = add(s.def, template{}, c, s.def.Line, "default")
 	}
 	s.defAny = add(s.def, template{}, AnyOperation, s.def.Line, "default")
+	for _, x := range s.def.Extra {
+		for _, rt := range s.routes {
+			if rt.rule == s.def {
+				xid := add(x, template{}, rt.op, s.def.Line, "default")
+				rt.charges = append(rt.charges, uint32(xid))
+			}
+		}
+	}
+	p.tenantBudgets(s, budgets, add)
+}
+
+// tenantBudgets gives each tenant budget its route (one bucket per tenant, keyed by the shape
+// "@name", which no template has) and charges it on every route whose operation it covers.
+func (p *parser) tenantBudgets(s *Set, budgets []*ruleSrc, add func(*Rule, template, string, int, string) int32) {
+	n := len(s.routes)
+	for _, src := range budgets {
+		b := src.rule
+		id := uint32(add(b, template{shape: "@" + b.Name}, AnyOperation, b.Line, src.path))
+		var xids []uint32
+		for _, x := range b.Extra {
+			xids = append(xids, uint32(add(x, template{shape: "@" + b.Name}, AnyOperation, b.Line, src.path)))
+		}
+		for _, rt := range s.routes[:n] {
+			if rt.rule.Of != nil || !s.covers(b, rt.op) {
+				continue
+			}
+			if rt.rule.Direct {
+				p.errf(rt.rule.Line, rt.rule.Name, "rule %q has lease: off, and tenant budget %q (line %d) covers its operation %s: a check across several buckets is charged from leases",
+					rt.rule.Name, b.Name, b.Line, rt.op)
+				continue
+			}
+			for _, q := range append([]Quota{b.Quota}, extraQuotas(b)...) {
+				if rt.cost > q.Burst {
+					p.errf(b.Line, src.path, "rule %q's cost %d of operation %s exceeds the burst %d of tenant budget %q (%s): such a request could never be allowed",
+						rt.rule.Name, rt.cost, rt.op, q.Burst, b.Name, q)
+				}
+			}
+			before := len(rt.charges)
+			rt.charges = append(rt.charges, id)
+			rt.charges = append(rt.charges, xids...)
+			if before <= MaxCharges && len(rt.charges) > MaxCharges {
+				p.errf(b.Line, src.path, "rule %q's route %s %s would charge more than %d buckets besides its own with tenant budget %q",
+					rt.rule.Name, cmp.Or(rt.tmpl.raw, "(default)"), rt.op, MaxCharges, b.Name)
+			}
+		}
+	}
+}
+
+func extraQuotas(r *Rule) []Quota {
+	qs := make([]Quota, len(r.Extra))
+	for i, x := range r.Extra {
+		qs[i] = x.Quota
+	}
+	return qs
+}
+
+// covers reports whether tenant budget b is charged on routes of operation entry op: a budget
+// without operations covers all; otherwise the entries of the classes it lists (the default
+// rule's "*", unknown operations, only when it lists none).
+func (s *Set) covers(b *Rule, op string) bool {
+	if len(b.Operations) == 0 {
+		return true
+	}
+	if op == AnyOperation {
+		return false
+	}
+	for _, c := range b.Operations {
+		if s.ops[op].class == s.ops[c].exact {
+			return true
+		}
+	}
+	return false
 }

@@ -134,7 +134,7 @@ func TestInvalid(t *testing.T) {
     limit: 10/minute
     brust: 5
 `, []string{
-			`test.yaml:9: rules[0].brust: unknown field (did you mean "burst"?); known fields: name, description, routes, operations, limit, burst, cost, scope, regions, on_failure, retry_after_on_failure, emergency, shadow, headers, lease, overrides`,
+			`test.yaml:9: rules[0].brust: unknown field (did you mean "burst"?); known fields: name, description, routes, operations, limit, burst, quota, timezone, limits, cost, scope, regions, on_failure, retry_after_on_failure, emergency, shadow, headers, lease, overrides`,
 		}},
 		{"unknown top-level field and missing sections", `rulez: []
 `, []string{
@@ -307,7 +307,7 @@ func TestInvalid(t *testing.T) {
 `, []string{
 			`test.yaml:4: rules[0].regions: required with scope: regional (the per-region slices of the quota)`,
 			`test.yaml:13: rules[1].regions: only allowed with scope: regional`,
-			`test.yaml:19: rules[2].scope: "planetary" must be global or regional`,
+			`test.yaml:19: rules[2].scope: "planetary" must be global, regional or tenant`,
 			`test.yaml:26: rules[3].regions[EU]: region "EU" must match ^[a-z0-9][a-z0-9._-]{0,31}$`,
 		}},
 		{"overrides", header + `  - name: r
@@ -339,7 +339,7 @@ func TestInvalid(t *testing.T) {
           ap: {limit: 100/minute, burst: 10}
 `, []string{
 			`test.yaml:9: rules[0].overrides["bad\ttenant"]: invalid tenant: control character at byte 3`,
-			`test.yaml:10: rules[0].overrides[typo].brust: unknown field (did you mean "burst"?); known fields: limit, burst, regions, emergency`,
+			`test.yaml:10: rules[0].overrides[typo].brust: unknown field (did you mean "burst"?); known fields: limit, burst, quota, regions, emergency`,
 			`test.yaml:11: rules[0].overrides[reg].regions: only allowed when the rule has scope: regional`,
 			`test.yaml:13: rules[0].overrides[dup]: duplicate key (first on line 12)`,
 			`test.yaml:24: rules[1].overrides[a].regions: required: the rule is regional, so the override needs its own slices`,
@@ -476,8 +476,8 @@ default: {limit: 10/minute, name: d}
 			`test.yaml:7: operations[read]: "read" is used as a class (by a method or another operation); a named operation needs its own name`,
 			`test.yaml:8: operations[Export]: named operation "Export" must match ^[a-z][a-z0-9_.-]{0,63}$`,
 			`test.yaml:11: envoy: tenant_key, route_key and operation_key must be different descriptor keys (got "x", "x", "method")`,
-			`test.yaml:14: envoy.colour: unknown field; known fields: domain, tenant_key, route_key, operation_key`,
-			`test.yaml:15: default.name: unknown field; known fields: description, limit, burst, cost, scope, regions, on_failure, retry_after_on_failure, emergency, shadow, headers, lease, overrides`,
+			`test.yaml:14: envoy.colour: unknown field; known fields: domain, tenant_key, route_key, operation_key, charge`,
+			`test.yaml:15: default.name: unknown field; known fields: description, limit, burst, quota, timezone, limits, cost, scope, regions, on_failure, retry_after_on_failure, emergency, shadow, headers, lease, overrides`,
 		}},
 		{"types", header + `  - name: [r]
     routes: /a

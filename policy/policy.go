@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/calendar"
 )
 
 // Scope says whether a rule's quota is one global bucket or per-region slices.
@@ -34,11 +35,17 @@ const (
 	Global Scope = iota
 	// Regional is one bucket per key and region; the regions' slices sum to the rule's quota.
 	Regional
+	// Tenant is a tenant-wide budget: one bucket per tenant, charged by every request of the
+	// tenant (of the rule's operations) in addition to its route's rule.
+	Tenant
 )
 
 func (s Scope) String() string {
-	if s == Regional {
+	switch s {
+	case Regional:
 		return "regional"
+	case Tenant:
+		return "tenant"
 	}
 	return "global"
 }
@@ -64,15 +71,24 @@ func (m FailureMode) String() string {
 // Quota is a limit as the file states it: Requests tokens refilled every Period, at most Burst
 // tokens held. Bucket is the same in the bucket arithmetic's units: capacity Burst tokens, refilled
 // at Requests tokens per Period.
+//
+// A calendar quota (Calendar set; the file's `quota: N/month`) is instead an exact counter of
+// Requests tokens per calendar period, full again at the period's boundary: Period is 0, Burst is
+// Requests and Bucket a Limit of capacity Requests that never refills (bucket.Counter's quota).
 type Quota struct {
 	Requests int64
 	Period   time.Duration
 	Burst    int64
 	Bucket   bucket.Limit
+	Calendar *calendar.Period
 }
 
-// String renders the quota as the file would write it ("100/1m burst 20").
+// String renders the quota as the file would write it ("100/1m burst 20", "100000/month",
+// "100000/month Europe/Berlin").
 func (q Quota) String() string {
+	if q.Calendar != nil {
+		return fmt.Sprintf("%d/%s", q.Requests, q.Calendar)
+	}
 	return fmt.Sprintf("%d/%s burst %d", q.Requests, FormatPeriod(q.Period), q.Burst)
 }
 
@@ -134,10 +150,20 @@ type Rule struct {
 	// lease is kept (admission bound C + r·w, exact per request).
 	Direct bool
 
+	// Extra are the rule's limits after the first (a rule with `limits:`), each a rule of its own
+	// named "name#2", "name#3", ... with the same templates, operations, costs and switches: a
+	// check charges the rule's first limit and every extra one, all or nothing.
+	Extra []*Rule
+	// Of is the rule an extra limit belongs to (nil for a rule as written) and Nth its number
+	// (2, 3, ...; 0 for a rule as written).
+	Of  *Rule
+	Nth int
+
 	cost      int64            // the cost of entries not in costs (default 1)
 	costs     map[string]int64 // by operation entry
 	base      tenantLimits
 	overrides map[string]*override
+	extra     []Quota // parsed limits after the first, until addRule makes Extra
 }
 
 type override struct {
@@ -187,14 +213,27 @@ type route struct {
 	set    *Set
 	rule   *Rule
 	id     uint32
-	tmpl   template // raw and shape "" for the default rule
+	tmpl   template // raw and shape "" for the default rule, "@name" for a tenant budget
 	op     string   // operation entry: class, named operation, method, or "*" (default rule)
 	cost   int64
 	maxKey int // the longest key the route can make, checked against MaxKeyLen
+	// charges are the other routes a check of this one charges with it, all or nothing: the
+	// routes of its rule's extra limits, then the tenant budgets that cover its operation.
+	charges []uint32
 }
 
 // Valid reports whether r is a route of some Set (not the zero Route).
 func (r Route) Valid() bool { return r.r != nil }
+
+// Charges are the IDs of the routes a check of r charges besides r itself (RouteByID), all or
+// nothing: its rule's extra limits, then the tenant budgets covering its operation. Most routes
+// have none. The slice belongs to the Set: read only.
+func (r Route) Charges() []uint32 {
+	if r.r == nil {
+		return nil
+	}
+	return r.r.charges
+}
 
 // Template is the route template as written ("/orders/{id}"), or "" for the default rule.
 func (r Route) Template() string {
@@ -238,6 +277,10 @@ type Envoy struct {
 	TenantKey    string // default "tenant"
 	RouteKey     string // default "path" (the request path, normalized like any path)
 	OperationKey string // default "method" (an HTTP method, class or named operation)
+	// PerDescriptor (charge: per_descriptor) charges each descriptor of a request on its own, as
+	// Envoy's reference service does: a refused descriptor leaves the others' charges spent. The
+	// default (all_or_nothing) charges every descriptor of a request or none.
+	PerDescriptor bool
 }
 
 // maxLinearOps is the number of operation names resolved by a linear scan: comparing a few short
@@ -414,7 +457,7 @@ func (s *Set) Limits(r Route, tenant, region string) (*Limits, error) {
 	if o := r.Rule.overrides[tenant]; o != nil {
 		tl = &o.limits
 	}
-	if r.Rule.Scope == Global {
+	if r.Rule.Scope != Regional {
 		return tl.global, nil
 	}
 	if l := tl.regions[region]; l != nil {

@@ -12,6 +12,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/calendar"
 )
 
 // quota reads limit and burst of a mapping (rule, region, override or emergency) at path.
@@ -256,8 +257,8 @@ func rateCmp(a, b Quota) int {
 }
 
 func makeLimits(q Quota, scope Scope, regions []RegionQuota, em *Quota, override bool) tenantLimits {
-	if scope == Global {
-		return tenantLimits{global: &Limits{Quota: q, Fingerprint: fingerprint(q, Global, ""), Scope: Global,
+	if scope != Regional {
+		return tenantLimits{global: &Limits{Quota: q, Fingerprint: fingerprint(q, scope, ""), Scope: scope,
 			Override: override, Emergency: em}}
 	}
 	tl := tenantLimits{regions: map[string]*Limits{}}
@@ -266,4 +267,75 @@ func makeLimits(q Quota, scope Scope, regions []RegionQuota, em *Quota, override
 			Scope: Regional, Region: rq.Region, Override: override, Emergency: em}
 	}
 	return tl
+}
+
+// calendarQuota reads a calendar quota ("N/day", "N/month") and its time zone (nil: UTC) at path.
+func (p *parser) calendarQuota(quotaN, tzN *yaml.Node, path string) (Quota, bool) {
+	fp := join(path, "quota")
+	qs, ok := p.str(quotaN, fp)
+	if !ok {
+		return Quota{}, false
+	}
+	loc := time.UTC
+	if tzN != nil {
+		tp := join(path, "timezone")
+		name, ok := p.str(tzN, tp)
+		if !ok {
+			return Quota{}, false
+		}
+		if loc, ok = p.timezone(tzN.Line, tp, name); !ok {
+			return Quota{}, false
+		}
+	}
+	q, err := parseCalendarQuota(qs, loc)
+	if err != nil {
+		p.errf(quotaN.Line, fp, "%v", err)
+		return Quota{}, false
+	}
+	return q, true
+}
+
+// timezone loads a named IANA time zone ("Europe/Berlin", "UTC"). "Local" and "" are refused:
+// a quota must reset at the same instant on every machine.
+func (p *parser) timezone(line int, path, name string) (*time.Location, bool) {
+	if name == "" || name == "Local" {
+		p.errf(line, path, "%q: name an IANA time zone such as UTC or Europe/Berlin (the machine's local zone differs between hosts)", name)
+		return nil, false
+	}
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		p.errf(line, path, "unknown time zone %q: name an IANA time zone such as UTC or Europe/Berlin", name)
+		return nil, false
+	}
+	return loc, true
+}
+
+// calendarUnits are the periods of a calendar quota.
+var calendarUnits = map[string]calendar.Unit{"day": calendar.Day, "month": calendar.Month}
+
+// parseCalendarQuota reads "N/day" or "N/month" in loc.
+func parseCalendarQuota(s string, loc *time.Location) (Quota, error) {
+	ns, us, ok := strings.Cut(s, "/")
+	ns, us = strings.TrimSpace(ns), strings.TrimSpace(us)
+	unit, known := calendarUnits[us]
+	switch {
+	case !ok:
+		return Quota{}, fmt.Errorf("%q must be requests per calendar period, such as 100000/day or 3000000/month", s)
+	case !known:
+		return Quota{}, fmt.Errorf("%q: a calendar quota's period is day or month (for a rolling limit over any period, use limit)", s)
+	case ns == "" || strings.Trim(ns, "0123456789") != "":
+		return Quota{}, fmt.Errorf("%q: requests %q must be a whole number", s, ns)
+	}
+	n, err := strconv.ParseInt(ns, 10, 64)
+	switch {
+	case err != nil || n > maxTokens:
+		return Quota{}, fmt.Errorf("%q: %w: more than %d tokens", s, bucket.ErrUnrepresentable, maxTokens)
+	case n < 1:
+		return Quota{}, fmt.Errorf("%q: the quota must allow at least 1 request per period", s)
+	}
+	bl, err := bucket.NewLimit(bucket.Micro(n)*bucket.PerToken, 0, 0)
+	if err != nil {
+		return Quota{}, fmt.Errorf("%q: %w", s, err)
+	}
+	return Quota{Requests: n, Burst: n, Bucket: bl, Calendar: &calendar.Period{Unit: unit, Loc: loc}}, nil
 }

@@ -6,12 +6,14 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/leasebucket/leasebucket/internal/calendar"
 )
 
-var ruleFields = []string{"name", "description", "routes", "operations", "limit", "burst", "cost", "scope",
+var ruleFields = []string{"name", "description", "routes", "operations", "limit", "burst", "quota", "timezone", "limits", "cost", "scope",
 	"regions", "on_failure", "retry_after_on_failure", "emergency", "shadow", "headers", "lease", "overrides"}
 
-var defaultRuleFields = []string{"description", "limit", "burst", "cost", "scope",
+var defaultRuleFields = []string{"description", "limit", "burst", "quota", "timezone", "limits", "cost", "scope",
 	"regions", "on_failure", "retry_after_on_failure", "emergency", "shadow", "headers", "lease", "overrides"}
 
 // rule reads the rule at path (the default section when isDefault) and adds it to s. It returns
@@ -30,6 +32,10 @@ func (p *parser) rule(s *Set, n *yaml.Node, path string, isDefault bool) *ruleSr
 	src := &ruleSrc{rule: r, path: path}
 
 	p.ruleIdentity(s, f, r, path)
+	// A tenant budget has no routes: read its scope first.
+	if v := f.get("scope"); v != nil && v.Kind == yaml.ScalarNode && v.Value == "tenant" && !isDefault {
+		r.Scope = Tenant
+	}
 	if !isDefault {
 		p.ruleRoutes(s, f, src)
 	}
@@ -44,6 +50,7 @@ func (p *parser) rule(s *Set, n *yaml.Node, path string, isDefault bool) *ruleSr
 	if p.count() > nerr {
 		return nil
 	}
+	p.checkCharges(f, r, path)
 	p.checkRule(f, r, path, ovs, entries, costLine)
 	if p.count() > nerr {
 		return nil
@@ -81,23 +88,145 @@ func (p *parser) ruleIdentity(s *Set, f fieldSet, r *Rule, path string) {
 	}
 }
 
-// ruleQuota reads the rule's limit, burst, scope and region slices.
+// ruleQuota reads the rule's limit and burst (or its calendar quota and time zone), scope and
+// region slices.
 func (p *parser) ruleQuota(f fieldSet, r *Rule, path string) {
 	var quotaOK bool
-	r.Quota, quotaOK = p.quota(f.get("limit"), f.get("burst"), path, f.line)
-	if v := f.get("scope"); v != nil {
-		if i, ok := p.oneOf(v, join(path, "scope"), "global", "regional"); ok {
-			r.Scope = [...]Scope{Global, Regional}[i]
+	if ln := f.get("limits"); ln != nil {
+		quotaOK = p.ruleLimits(f, ln, r, path)
+	} else if qn := f.get("quota"); qn != nil {
+		p.calendarOnly(f, path)
+		r.Quota, quotaOK = p.calendarQuota(qn, f.get("timezone"), path)
+	} else {
+		if f.get("timezone") != nil {
+			p.errf(f.at("timezone"), join(path, "timezone"), "only used with quota (a calendar quota); a limit is a rolling token bucket")
 		}
+		r.Quota, quotaOK = p.quota(f.get("limit"), f.get("burst"), path, f.line)
+	}
+	if v := f.get("scope"); v != nil {
+		if r.Default {
+			if i, ok := p.oneOf(v, join(path, "scope"), "global", "regional"); ok {
+				r.Scope = [...]Scope{Global, Regional}[i]
+			}
+		} else if i, ok := p.oneOf(v, join(path, "scope"), "global", "regional", "tenant"); ok {
+			r.Scope = [...]Scope{Global, Regional, Tenant}[i]
+		}
+	}
+	if r.Quota.Calendar != nil && r.Scope == Regional {
+		p.errf(f.at("scope"), join(path, "scope"), "a calendar quota is global: one exact counter per period (regional slices need a limit)")
+		return
 	}
 	regionsNode := f.get("regions")
 	switch {
 	case r.Scope == Regional && regionsNode == nil:
 		p.errf(f.line, join(path, "regions"), "required with scope: regional (the per-region slices of the quota)")
-	case r.Scope == Global && regionsNode != nil:
+	case r.Scope != Regional && regionsNode != nil:
 		p.errf(f.at("regions"), join(path, "regions"), "only allowed with scope: regional")
 	case regionsNode != nil:
 		r.Regions = p.regions(regionsNode, join(path, "regions"), f.at("regions"), r.Quota, quotaOK)
+	}
+}
+
+// ruleLimits reads a rule's `limits`: a list of limits ({limit, burst} or {quota, timezone}),
+// all charged by each check. The first becomes the rule's Quota, the others its extra limits.
+func (p *parser) ruleLimits(f fieldSet, ln *yaml.Node, r *Rule, path string) bool {
+	lp := join(path, "limits")
+	for _, other := range []string{"limit", "burst", "quota", "timezone"} {
+		if f.get(other) != nil {
+			p.errf(f.at(other), join(path, other), "not beside limits: list every limit of the rule under limits")
+		}
+	}
+	items, ok := p.seq(ln, lp)
+	if !ok {
+		return false
+	}
+	switch {
+	case len(items) == 0:
+		p.errf(ln.Line, lp, "must list at least one limit")
+		return false
+	case len(items) > MaxLimits:
+		p.errf(ln.Line, lp, "more than %d limits", MaxLimits)
+		return false
+	}
+	var qs []Quota
+	seen := map[string]int{}
+	all := true
+	for i, it := range items {
+		fp := fmt.Sprintf("%s[%d]", lp, i)
+		lf, ok := p.fields(it, fp, "limit", "burst", "quota", "timezone")
+		if !ok {
+			all = false
+			continue
+		}
+		var q Quota
+		if qn := lf.get("quota"); qn != nil {
+			p.calendarOnly(lf, fp)
+			q, ok = p.calendarQuota(qn, lf.get("timezone"), fp)
+		} else {
+			if lf.get("timezone") != nil {
+				p.errf(lf.at("timezone"), join(fp, "timezone"), "only used with quota (a calendar quota); a limit is a rolling token bucket")
+			}
+			q, ok = p.quota(lf.get("limit"), lf.get("burst"), fp, it.Line)
+		}
+		if !ok {
+			all = false
+			continue
+		}
+		fpr := fingerprint(q, Global, "")
+		if j, dup := seen[fpr]; dup {
+			p.errf(it.Line, fp, "the same limit as limits[%d] (%s): list it once", j, q)
+			all = false
+			continue
+		}
+		seen[fpr] = i
+		qs = append(qs, q)
+	}
+	if !all {
+		return false
+	}
+	r.Quota, r.extra = qs[0], qs[1:]
+	return true
+}
+
+// checkCharges checks what a rule charged beside others may not be: a rule of several limits and
+// a tenant budget are on leases, fail closed, and (a rule of several limits) has no overrides and
+// no regional slices; a tenant budget charges each request's cost on its route, so it has none of
+// its own.
+func (p *parser) checkCharges(f fieldSet, r *Rule, path string) {
+	what := ""
+	switch {
+	case r.Scope == Tenant:
+		what = "a tenant budget"
+		if f.get("cost") != nil {
+			p.errf(f.at("cost"), join(path, "cost"), "a tenant budget is charged each request's cost on its route; it has no cost of its own")
+		}
+	case len(r.extra) > 0:
+		what = "a rule with several limits"
+		if f.get("overrides") != nil {
+			p.errf(f.at("overrides"), join(path, "overrides"), "not available for a rule with several limits (give the tenant a rule of its own)")
+		}
+		if r.Scope == Regional {
+			p.errf(f.at("scope"), join(path, "scope"), "a rule with several limits is global")
+		}
+	default:
+		return
+	}
+	if r.Direct {
+		p.errf(f.at("lease"), join(path, "lease"), "%s is charged with other buckets all or nothing, from leases: lease: off is not available", what)
+	}
+	if r.OnFailure == Emergency {
+		p.errf(f.at("on_failure"), join(path, "on_failure"), "%s fails closed: on_failure: deny (no emergency bucket)", what)
+	}
+}
+
+// calendarOnly reports the fields a calendar quota leaves no room for: a limit and a burst (the
+// quota is the whole capacity of its period).
+func (p *parser) calendarOnly(f fieldSet, path string) {
+	if f.get("limit") != nil {
+		p.errf(f.at("limit"), join(path, "limit"), "a rule has either limit (a rolling token bucket) or quota (a calendar quota), not both")
+	}
+	if f.get("burst") != nil {
+		p.errf(f.at("burst"), join(path, "burst"), "not used with quota: a calendar quota's capacity is the quota of its period")
 	}
 }
 
@@ -126,6 +255,15 @@ func (p *parser) ruleFailure(f fieldSet, r *Rule, path string) {
 		}
 	}
 	emNode := f.get("emergency")
+	if r.Quota.Calendar != nil && (r.OnFailure == Emergency || emNode != nil) {
+		// Every agent's emergency bucket would admit beside the period's exact count.
+		line := f.at("on_failure")
+		if line == 0 {
+			line = f.at("emergency")
+		}
+		p.errf(line, join(path, "on_failure"), "a calendar quota fails closed: on_failure: deny (no emergency bucket)")
+		return
+	}
 	switch {
 	case r.OnFailure == Emergency && emNode == nil:
 		p.errf(f.line, join(path, "emergency"), "required with on_failure: emergency (the local emergency bucket's limit and burst)")
@@ -179,6 +317,9 @@ func (p *parser) ruleCosts(s *Set, f fieldSet, r *Rule, path string) (entries []
 func (p *parser) checkRule(f fieldSet, r *Rule, path string, ovs []*override, entries []string, costLine int) {
 	base := quotaChecks("the rule's limit", r.Quota, r.Regions)
 	all := append([]quotaCheck(nil), base...)
+	for i, q := range r.extra {
+		all = append(all, quotaCheck{fmt.Sprintf("the rule's limit %d", i+2), q})
+	}
 	for _, o := range ovs {
 		all = append(all, quotaChecks(fmt.Sprintf("tenant %q's override", o.tenant), o.quota, o.regions)...)
 	}
@@ -243,6 +384,16 @@ func addRule(s *Set, r *Rule, ovs []*override) {
 		o.limits = makeLimits(o.quota, r.Scope, o.regions, oe, true)
 		r.overrides[o.tenant] = o
 	}
+	for i, q := range r.extra {
+		x := &Rule{Name: fmt.Sprintf("%s#%d", r.Name, i+2), Description: r.Description, Line: r.Line, Default: r.Default,
+			Templates: r.Templates, Operations: r.Operations, Quota: q, Scope: r.Scope, OnFailure: r.OnFailure,
+			FailureRetryAfter: r.FailureRetryAfter, Shadow: r.Shadow, Headers: r.Headers, Direct: r.Direct,
+			Of: r, Nth: i + 2, cost: r.cost, costs: r.costs, overrides: map[string]*override{}}
+		x.base = makeLimits(q, r.Scope, nil, nil, false)
+		r.Extra = append(r.Extra, x)
+		s.byName[x.Name] = x
+	}
+	r.extra = nil
 	if r.Default {
 		s.def = r
 	} else {
@@ -253,7 +404,15 @@ func addRule(s *Set, r *Rule, ovs []*override) {
 
 func (p *parser) ruleRoutes(s *Set, f fieldSet, src *ruleSrc) {
 	r, path := src.rule, src.path
-	if items, ok := p.list(f, path, "routes", "the route templates the rule applies to", "template"); ok {
+	if r.Scope == Tenant {
+		// A tenant budget covers every route; operations, if listed, narrow it.
+		if f.get("routes") != nil {
+			p.errf(f.at("routes"), join(path, "routes"), "a tenant budget (scope: tenant) applies to every route of the tenant; it has no routes")
+		}
+		if f.get("operations") == nil {
+			return
+		}
+	} else if items, ok := p.list(f, path, "routes", "the route templates the rule applies to", "template"); ok {
 		shapes := map[string]int{}
 		for i, it := range items {
 			fp := fmt.Sprintf("%s.routes[%d]", path, i)
@@ -287,6 +446,10 @@ func (p *parser) ruleRoutes(s *Set, f fieldSet, src *ruleSrc) {
 			if _, known := s.ops[op]; !known {
 				p.errf(it.Line, fp, "unknown operation %q: not a class (%s), a named operation or an HTTP method of this policy",
 					op, strings.Join(s.classes, ", "))
+				continue
+			}
+			if r.Scope == Tenant && !slices.Contains(s.classes, op) {
+				p.errf(it.Line, fp, "a tenant budget lists classes (%s), not %q", strings.Join(s.classes, ", "), op)
 				continue
 			}
 			if seen[op] {
@@ -339,12 +502,29 @@ func (p *parser) overrides(n *yaml.Node, path string, r *Rule) []*override {
 			p.errf(e.line, op, "%s", strings.TrimPrefix(err.Error(), "policy: "))
 			continue
 		}
-		f, ok := p.fields(e.val, op, "limit", "burst", "regions", "emergency")
+		f, ok := p.fields(e.val, op, "limit", "burst", "quota", "regions", "emergency")
 		if !ok {
 			continue
 		}
 		o := &override{tenant: e.key, line: e.line}
-		q, qok := p.quota(f.get("limit"), f.get("burst"), op, e.val.Line)
+		var q Quota
+		var qok bool
+		switch qn := f.get("quota"); {
+		case r.Quota.Calendar != nil && qn == nil:
+			p.errf(e.val.Line, join(op, "quota"), "required: the rule is a calendar quota, so the override gives its own quota (such as 1000000/month)")
+			continue
+		case r.Quota.Calendar == nil && qn != nil:
+			p.errf(f.at("quota"), join(op, "quota"), "only for a rule with a calendar quota; this rule has a limit")
+			continue
+		case qn != nil:
+			p.calendarOnly(f, op)
+			q, qok = p.overrideCalendar(qn, op, r.Quota.Calendar)
+			if !qok {
+				continue
+			}
+		default:
+			q, qok = p.quota(f.get("limit"), f.get("burst"), op, e.val.Line)
+		}
 		o.quota = q
 		rn := f.get("regions")
 		switch {
@@ -366,4 +546,19 @@ func (p *parser) overrides(n *yaml.Node, path string, r *Rule) []*override {
 		out = append(out, o)
 	}
 	return out
+}
+
+// overrideCalendar reads an override's calendar quota: the same period and time zone as the
+// rule's (rule), another count.
+func (p *parser) overrideCalendar(n *yaml.Node, path string, rule *calendar.Period) (Quota, bool) {
+	q, ok := p.calendarQuota(n, nil, path)
+	if !ok {
+		return Quota{}, false
+	}
+	if q.Calendar.Unit != rule.Unit {
+		p.errf(n.Line, join(path, "quota"), "the rule's quota is per %s; an override keeps the period (and the rule's time zone)", rule.Unit)
+		return Quota{}, false
+	}
+	q.Calendar = rule
+	return q, true
 }

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -336,13 +337,19 @@ func parseSpec(spec string) overrideSpec {
 		return bad("empty spec")
 	}
 	root := doc.Content[0]
-	f, ok := p.fields(root, "", "limit", "burst", "regions", "emergency")
+	f, ok := p.fields(root, "", "limit", "burst", "quota", "regions", "emergency")
 	if !ok {
 		return overrideSpec{err: specError(p.errs)}
 	}
 	var ps overrideSpec
 	var qok bool
-	ps.quota, qok = p.quota(f.get("limit"), f.get("burst"), "", root.Line)
+	if qn := f.get("quota"); qn != nil {
+		// A calendar quota in UTC until runtimeOverride gives it the rule's time zone.
+		p.calendarOnly(f, "")
+		ps.quota, qok = p.calendarQuota(qn, nil, "")
+	} else {
+		ps.quota, qok = p.quota(f.get("limit"), f.get("burst"), "", root.Line)
+	}
 	if rn := f.get("regions"); rn != nil {
 		ps.regions = p.regions(rn, "regions", f.at("regions"), ps.quota, qok)
 	}
@@ -375,6 +382,10 @@ func specError(errs []*FieldError) error {
 func (ps overrideSpec) String() string {
 	var b strings.Builder
 	quota := func(q Quota) {
+		if q.Calendar != nil {
+			fmt.Fprintf(&b, "{quota: %d/%s", q.Requests, q.Calendar.Unit)
+			return
+		}
 		fmt.Fprintf(&b, "{limit: %d/%s, burst: %d", q.Requests, FormatPeriod(q.Period), q.Burst)
 	}
 	quota(ps.quota)
@@ -408,6 +419,9 @@ func (r *Rule) runtimeOverride(tenant string, ps overrideSpec) (*override, error
 	if ps.err != nil {
 		return nil, ps.err
 	}
+	if r.Of != nil || len(r.Extra) > 0 {
+		return nil, fmt.Errorf("%w: rule %q has several limits: overrides are not available for it", ErrInvalidOverride, cmp.Or(r.Of, r).Name)
+	}
 	p := &parser{file: "override"}
 	switch {
 	case r.Scope == Regional && ps.regions == nil:
@@ -416,6 +430,14 @@ func (r *Rule) runtimeOverride(tenant string, ps overrideSpec) (*override, error
 		p.errf(0, "regions", "only allowed when the rule has scope: regional; rule %q is global", r.Name)
 	case ps.regions != nil && !sameRegions(ps.regions, r.Regions):
 		p.errf(0, "regions", "must name the same regions as rule %q (%s)", r.Name, regionNames(r.Regions))
+	case r.Quota.Calendar != nil && ps.quota.Calendar == nil:
+		p.errf(0, "quota", "required: rule %q is a calendar quota (%s), so the override gives its own quota", r.Name, r.Quota)
+	case r.Quota.Calendar == nil && ps.quota.Calendar != nil:
+		p.errf(0, "quota", "only for a rule with a calendar quota; rule %q has a limit", r.Name)
+	case r.Quota.Calendar != nil && ps.quota.Calendar.Unit != r.Quota.Calendar.Unit:
+		p.errf(0, "quota", "rule %q's quota is per %s; an override keeps the period (and the rule's time zone)", r.Name, r.Quota.Calendar.Unit)
+	case r.Quota.Calendar != nil:
+		ps.quota.Calendar = r.Quota.Calendar
 	}
 	if len(p.errs) > 0 {
 		return nil, specError(p.errs)

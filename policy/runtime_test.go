@@ -158,7 +158,7 @@ func TestOverrideProblems(t *testing.T) {
 		{RuntimeOverride{"catalog-read", "t", "{limit: 4/1m, burst: 2}"}, "the rule's emergency 5/1m burst 3 must be strictly smaller than the override (4/1m burst 2)"},
 		{RuntimeOverride{"catalog-read", "t", "{limit: 40/1m, burst: 20, emergency: {limit: 40/1m, burst: 2}}"}, "emergency 40/1m burst 2 must be strictly smaller"},
 		{RuntimeOverride{"orders-read", "t", "{limit: 1/365d, burst: 9000000}"}, "cannot be represented exactly"},
-		{RuntimeOverride{"orders-read", "t", "[1, 2]"}, "must be a mapping with fields limit, burst, regions, emergency"},
+		{RuntimeOverride{"orders-read", "t", "[1, 2]"}, "must be a mapping with fields limit, burst, quota, regions, emergency"},
 		{RuntimeOverride{"orders-read", "t", "{limit: 5/1m"}, "invalid YAML"},
 		{RuntimeOverride{"orders-read", "t", strings.Repeat(" ", MaxOverrideSpecLen+1)}, "spec longer than"},
 	}

@@ -113,7 +113,7 @@ func (p *parser) envoy(n *yaml.Node) Envoy {
 	if n == nil {
 		return e
 	}
-	f, ok := p.fields(n, "envoy", "domain", "tenant_key", "route_key", "operation_key")
+	f, ok := p.fields(n, "envoy", "domain", "tenant_key", "route_key", "operation_key", "charge")
 	if !ok {
 		return e
 	}
@@ -133,6 +133,11 @@ func (p *parser) envoy(n *yaml.Node) Envoy {
 	read("tenant_key", reDescriptr, &e.TenantKey)
 	read("route_key", reDescriptr, &e.RouteKey)
 	read("operation_key", reDescriptr, &e.OperationKey)
+	if v := f.get("charge"); v != nil {
+		if i, ok := p.oneOf(v, "envoy.charge", "all_or_nothing", "per_descriptor"); ok {
+			e.PerDescriptor = i == 1
+		}
+	}
 	if e.TenantKey == e.RouteKey || e.TenantKey == e.OperationKey || e.RouteKey == e.OperationKey {
 		p.errf(n.Line, "envoy", "tenant_key, route_key and operation_key must be different descriptor keys (got %q, %q, %q)",
 			e.TenantKey, e.RouteKey, e.OperationKey)

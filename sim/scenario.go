@@ -379,6 +379,17 @@ func (sc *Scenario) parsePolicy() error {
 	if err != nil {
 		return err
 	}
+	// The virtual clock starts at the epoch, and its oracle is one token bucket: a calendar
+	// quota's periods and its exact counter are not simulated.
+	for _, r := range append(set.Rules(), set.Default()) {
+		switch {
+		case r.Quota.Calendar != nil:
+			return fmt.Errorf("policy: rule %s (line %d): calendar quotas (quota: %s) are not simulated; give the rule a limit", r.Name, r.Line, r.Quota)
+		case len(r.Extra) > 0 || r.Scope == policy.Tenant:
+			// Its oracle is one bucket per check.
+			return fmt.Errorf("policy: rule %s (line %d): checks charging several buckets (limits, scope: tenant) are not simulated", r.Name, r.Line)
+		}
+	}
 	sc.policy = set
 	return nil
 }

@@ -409,6 +409,7 @@ func TestParseErrors(t *testing.T) {
 		{"tenants: 3", "tenants: 0", "tenants"},
 		{"path: /api/x", "path: ''", "path and operation"},
 		{"limit: 60/minute, burst: 10}\n  default", "limit: 60/fortnight, burst: 10}\n  default", "limit"},
+		{"limit: 60/minute, burst: 10}\n  default", "quota: 60/day}\n  default", "calendar quotas (quota: 60/day) are not simulated"},
 	} {
 		_, err := parseScenario("bad.yaml", []byte(strings.Replace(base, tc.old, tc.new, 1)))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

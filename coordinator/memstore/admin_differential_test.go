@@ -127,7 +127,7 @@ func TestAdminDifferential(t *testing.T) {
 					return
 				}
 				src := randSource{rand.New(rand.NewPCG(uint64(seed), 0xad317))}
-				a := &adminRun{diffRun: newDiffRun(t, rdb, src, "admin/"+strconv.FormatInt(seed, 10), fewAgents, 3)}
+				a := &adminRun{diffRun: newDiffRun(t, rdb, src, "admin/"+strconv.FormatInt(seed, 10), fewAgents, 3, false)}
 				a.logf("seed %d", seed)
 				a.run(steps)
 				sets.Add(int64(a.sets))
@@ -155,6 +155,6 @@ func FuzzAdminDifferential(f *testing.F) {
 	var runs atomic.Int64
 	f.Fuzz(func(t *testing.T, data []byte) {
 		prefix := "fuzz-admin/" + strconv.FormatInt(runs.Add(1), 10)
-		(&adminRun{diffRun: newDiffRun(t, rdb, &byteSource{b: data}, prefix, fewAgents, 3)}).run(200)
+		(&adminRun{diffRun: newDiffRun(t, rdb, &byteSource{b: data}, prefix, fewAgents, 3, false)}).run(200)
 	})
 }

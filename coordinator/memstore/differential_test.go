@@ -3,6 +3,7 @@ package memstore_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
@@ -108,14 +109,18 @@ func drawLimit(src source) bucket.Limit {
 
 // diffRun drives one random sequence against both stores and compares every answer.
 type diffRun struct {
-	t        testing.TB
-	rdb      redis.UniversalClient
-	src      source
-	now      bucket.Millis
-	lua      *redisstore.Store
-	mem      *memstore.Store
-	keys     [2]string
-	limits   [2]bucket.Limit
+	t      testing.TB
+	rdb    redis.UniversalClient
+	src    source
+	now    bucket.Millis
+	lua    *redisstore.Store
+	mem    *memstore.Store
+	keys   [2]string
+	limits [2]bucket.Limit
+	// calendar is the length of the calendar periods of the keys that are counters (counter),
+	// 0 if neither is.
+	calendar bucket.Millis
+	counter  [2]bool
 	agents   []string
 	maxBatch uint64
 	seqs     map[string]uint64 // last sequence number used per agent
@@ -125,6 +130,9 @@ type diffRun struct {
 	prev     [2]memstore.Entry // each key after the last step
 	sweeps   int               // batches after which a key held fewer records (a sweep ran)
 	paced    int               // takes the contention rule cut (a pace was answered)
+	counted  int               // counter takes granted
+	resets   int               // counter takes denied until the end of their period
+	outside  int               // counter operations refused: the clock outside their window
 }
 
 // fewAgents is the agent pool of most sequences: replays and stale operations are frequent.
@@ -139,7 +147,9 @@ func crowd(n int) []string {
 	return agents
 }
 
-func newDiffRun(t testing.TB, rdb redis.UniversalClient, src source, prefix string, agents []string, maxBatch uint64) *diffRun {
+// newDiffRun starts a sequence on two keys; with counters, one or both keys may be calendar
+// counters (the admin API works on token buckets only, and its test passes false).
+func newDiffRun(t testing.TB, rdb redis.UniversalClient, src source, prefix string, agents []string, maxBatch uint64, counters bool) *diffRun {
 	d := &diffRun{t: t, rdb: rdb, src: src, seqs: map[string]uint64{}, agents: agents, maxBatch: maxBatch}
 	d.now = between(src, 0, bucket.Millis(1)<<41)
 	clock := func() bucket.Millis { return d.now }
@@ -151,8 +161,46 @@ func newDiffRun(t testing.TB, rdb redis.UniversalClient, src source, prefix stri
 		d.limits[1] = drawLimit(src)
 	}
 	d.keys = [2]string{prefix + "/0", prefix + "/1"}
-	d.logf("start at %d, limits %v %v", d.now, d.limits[0], d.limits[1])
+	if counters && src.n(3) == 0 {
+		// Calendar counters: one key or both, of a quota that never refills.
+		d.calendar = pick(d.src, between(src, 1, bucket.Millis(5000)), day, 31*day)
+		for k := range d.counter {
+			if k == 1 || src.n(2) == 0 {
+				d.counter[k] = true
+				d.limits[k] = mustNewLimit(d.limits[k].Capacity(), 0, 0)
+			}
+		}
+	}
+	d.logf("start at %d, limits %v %v, counters %v of calendar periods of %d ms", d.now, d.limits[0], d.limits[1], d.counter, d.calendar)
 	return d
+}
+
+func mustNewLimit(capacity, amount bucket.Micro, period bucket.Millis) bucket.Limit {
+	l, err := bucket.NewLimit(capacity, amount, period)
+	if err != nil {
+		panic(err)
+	}
+	return l
+}
+
+// window is the calendar window of key k for a request: none for a bucket; for a counter, the
+// window of a coordinator's clock near the store's, mostly behind it by less than a period
+// (the window holds the key's clock), sometimes further away (the stores must both refuse).
+func (d *diffRun) window(k uint64) bucket.Window {
+	if !d.counter[k] {
+		return bucket.Window{}
+	}
+	p := d.calendar
+	t := d.now - between(d.src, 0, p)
+	switch d.src.n(8) {
+	case 0:
+		t = d.now + between(d.src, 1, 2*p) // ahead of the store
+	case 1:
+		t = d.now - between(d.src, p, 3*p) // far behind
+	}
+	t = max(t, 0)
+	start := t - t%p
+	return bucket.Window{Start: start, End: start + p, Next: start + 2*p}
 }
 
 func (d *diffRun) logf(format string, args ...any) {
@@ -287,7 +335,7 @@ func (d *diffRun) takes() {
 		if d.src.n(3) == 0 {
 			unit = between(d.src, 1, max(1, least))
 		}
-		reqs[i] = coordinator.TakeRequest{Key: d.keys[k], Limit: l, Want: want, Min: least, Share: share, Unit: unit, Op: d.op()}
+		reqs[i] = coordinator.TakeRequest{Key: d.keys[k], Limit: l, Want: want, Min: least, Share: share, Unit: unit, Op: d.op(), Period: d.window(k)}
 		if d.src.n(2) == 0 {
 			// The contention rule's inputs: the agent's demand and the lease lifetime.
 			reqs[i].Demand = pick(d.src, bucket.Micro(0), 1, between(d.src, 1, 10*l.Capacity()), lease.MaxShareDemand+between[bucket.Micro](d.src, 0, 1<<40))
@@ -327,6 +375,19 @@ func (d *diffRun) takes() {
 		if g.Err == nil && g.Pace > 0 && !g.Replayed {
 			d.paced++
 		}
+		if !r.Period.IsZero() {
+			switch {
+			case errors.Is(g.Err, bucket.ErrOutsideWindow):
+				if !errors.Is(w.Err, bucket.ErrOutsideWindow) {
+					d.fail("at %d: %s failed on Redis with %v, on memstore with %v", d.now, storetest.TakeString(r), g.Err, w.Err)
+				}
+				d.outside++
+			case g.Err == nil && g.Granted > 0:
+				d.counted++
+			case g.Err == nil && g.RetryAfter > 0:
+				d.resets++
+			}
+		}
 	}
 }
 
@@ -347,7 +408,7 @@ func (d *diffRun) returns() {
 		if d.src.n(6) == 0 {
 			amount = 0
 		}
-		reqs[i] = coordinator.ReturnRequest{Key: d.keys[k], Limit: l, Amount: amount, GrantedAt: max(at, 0), Op: d.op()}
+		reqs[i] = coordinator.ReturnRequest{Key: d.keys[k], Limit: l, Amount: amount, GrantedAt: max(at, 0), Op: d.op(), Period: d.window(k)}
 		if d.src.n(20) == 0 {
 			reqs[i].Amount = -1 // invalid
 		}
@@ -424,6 +485,8 @@ func parseHash(fields map[string]string) (memstore.Entry, error) {
 			e.Expiry, e.Expires = bucket.Millis(nums[0]), true
 		case f == "c" && len(nums) == 1:
 			e.CompeteUntil, e.Competes = bucket.Millis(nums[0]), true
+		case f == "p" && len(nums) == 1:
+			e.Period, e.Counter = bucket.Millis(nums[0]), true
 		case strings.HasPrefix(f, "a:") && len(nums) == 8:
 			e.Takes[f[2:]] = memstore.TakeRecord{Seq: uint64(nums[0]), Granted: bucket.Micro(nums[1]),
 				Remaining: bucket.Micro(nums[2]), RetryAfter: bucket.Millis(nums[3]), Credited: bucket.Micro(nums[4]),
@@ -464,7 +527,7 @@ func TestDifferential(t *testing.T) {
 	}
 	const workers = 4
 	var next atomic.Int64
-	var paced atomic.Int64
+	var paced, counted, resets, outside atomic.Int64
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
@@ -474,10 +537,13 @@ func TestDifferential(t *testing.T) {
 					return
 				}
 				src := randSource{rand.New(rand.NewPCG(uint64(seed), 0x1ea5eb0c7e7))}
-				d := newDiffRun(t, rdb, src, "diff/"+strconv.FormatInt(seed, 10), fewAgents, 3)
+				d := newDiffRun(t, rdb, src, "diff/"+strconv.FormatInt(seed, 10), fewAgents, 3, true)
 				d.logf("seed %d", seed)
 				d.run(steps)
 				paced.Add(int64(d.paced))
+				counted.Add(int64(d.counted))
+				resets.Add(int64(d.resets))
+				outside.Add(int64(d.outside))
 			}
 		})
 	}
@@ -485,7 +551,12 @@ func TestDifferential(t *testing.T) {
 	if !t.Failed() && paced.Load() == 0 {
 		t.Fatal("no take was contended: the test does not reach the contention rule")
 	}
-	t.Logf("%d contended takes", paced.Load())
+	if !t.Failed() && (counted.Load() == 0 || resets.Load() == 0 || outside.Load() == 0) {
+		t.Fatalf("counters: %d takes granted, %d denied until a period ends, %d outside their window; the test must reach all three",
+			counted.Load(), resets.Load(), outside.Load())
+	}
+	t.Logf("%d contended takes; counters: %d takes granted, %d denied until a period ends, %d outside their window",
+		paced.Load(), counted.Load(), resets.Load(), outside.Load())
 }
 
 // TestDifferentialCrowded plays sequences where hundreds of agents use the same keys, so that
@@ -496,7 +567,7 @@ func TestDifferentialCrowded(t *testing.T) {
 	sweeps := 0
 	for seed := range uint64(24) {
 		src := randSource{rand.New(rand.NewPCG(seed, 0xc20d))}
-		d := newDiffRun(t, rdb, src, "crowd/"+strconv.FormatUint(seed, 10), crowd(400), 40)
+		d := newDiffRun(t, rdb, src, "crowd/"+strconv.FormatUint(seed, 10), crowd(400), 40, true)
 		d.logf("seed %d", seed)
 		d.run(150)
 		sweeps += d.sweeps
@@ -528,6 +599,6 @@ func FuzzDifferential(f *testing.F) {
 		if len(data) > 0 && data[0] == 0xff {
 			agents = crowd(200)
 		}
-		newDiffRun(t, rdb, &byteSource{b: data}, prefix, agents, 3).run(200)
+		newDiffRun(t, rdb, &byteSource{b: data}, prefix, agents, 3, true).run(200)
 	})
 }

@@ -16,8 +16,11 @@ type Entry struct {
 	// CompeteUntil is the key clock until which its agents compete, when Competes.
 	CompeteUntil bucket.Millis
 	Competes     bool
-	Takes        map[string]takeRecord   // the last idempotent Take of each agent
-	Returns      map[string]returnRecord // the last idempotent Return of each agent
+	// Counter: a calendar counter, whose period starts at Period.
+	Counter bool
+	Period  bucket.Millis
+	Takes   map[string]takeRecord   // the last idempotent Take of each agent
+	Returns map[string]returnRecord // the last idempotent Return of each agent
 }
 
 // Lookup returns a copy of key's state as stored, without applying its expiry (an expired key is
@@ -31,6 +34,7 @@ func (s *Store) Lookup(key string) (Entry, bool) {
 		return Entry{}, false
 	}
 	out := Entry{State: e.state, Expiry: e.expiry, Expires: e.expires, CompeteUntil: e.competeUntil, Competes: e.competes,
+		Counter: e.counter, Period: e.period,
 		Takes: make(map[string]takeRecord, len(e.takes)), Returns: make(map[string]returnRecord, len(e.returns))}
 	for a, r := range e.takes {
 		out.Takes[a] = r

@@ -48,8 +48,12 @@ type entry struct {
 	competes     bool
 	expiry       bucket.Millis // the logical expiry on the key clock, when expires
 	expires      bool
-	takes        map[string]takeRecord   // by agent; nil until the first idempotent Take
-	returns      map[string]returnRecord // by agent; nil until the first idempotent Return
+	// A calendar quota's counter (bucket.Counter) keeps its tokens and clock in state (Frac 0)
+	// and the start of its period in period: the field p of counter.lua.
+	counter bool
+	period  bucket.Millis
+	takes   map[string]takeRecord   // by agent; nil until the first idempotent Take
+	returns map[string]returnRecord // by agent; nil until the first idempotent Return
 }
 
 // takeRecord is an agent's last idempotent Take on a key.
@@ -179,6 +183,9 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 			}
 		}
 	}
+	if !r.Period.IsZero() {
+		return sh.count(e, r, now)
+	}
 	if e == nil {
 		e = sh.create(r.Key, r.Limit, now)
 	}
@@ -225,19 +232,89 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 	}
 	e.setExpiry(r.Limit)
 	if idem {
-		rec := takeRecord{Seq: r.Op.Seq, Granted: res.Granted, Credited: credited, Remaining: res.Remaining,
-			RetryAfter: res.RetryAfter, Pace: pace, Demand: demand, Now: e.state.Last}
-		if e.takes == nil {
-			e.takes = make(map[string]takeRecord, 1)
-		}
-		if _, ok := e.takes[r.Op.Agent]; ok {
-			e.takes[r.Op.Agent] = rec
-		} else {
-			e.takes[strings.Clone(r.Op.Agent)] = rec
-		}
-		e.sweepRecords()
+		e.recordTake(r.Op, takeRecord{Seq: r.Op.Seq, Granted: res.Granted, Credited: credited, Remaining: res.Remaining,
+			RetryAfter: res.RetryAfter, Pace: pace, Demand: demand, Now: e.state.Last})
 	}
 	return coordinator.TakeResult{Result: res, Credited: credited, Pace: pace, Now: e.state.Last}
+}
+
+// recordTake keeps rec as op's agent's last Take on the key and sweeps old records.
+func (e *entry) recordTake(op coordinator.OpID, rec takeRecord) {
+	if e.takes == nil {
+		e.takes = make(map[string]takeRecord, 1)
+	}
+	if _, ok := e.takes[op.Agent]; ok {
+		e.takes[op.Agent] = rec
+	} else {
+		e.takes[strings.Clone(op.Agent)] = rec
+	}
+	e.sweepRecords()
+}
+
+// recordReturn keeps rec as op's agent's last Return on the key and sweeps old records.
+func (e *entry) recordReturn(op coordinator.OpID, rec returnRecord) {
+	if e.returns == nil {
+		e.returns = make(map[string]returnRecord, 1)
+	}
+	if _, ok := e.returns[op.Agent]; ok {
+		e.returns[op.Agent] = rec
+	} else {
+		e.returns[strings.Clone(op.Agent)] = rec
+	}
+	e.sweepRecords()
+}
+
+// counterOf is the calendar counter held by e, or a fresh one when e is nil (counter.lua's
+// reading of a missing key).
+func counterOf(e *entry, quota bucket.Micro, now bucket.Millis) bucket.Counter {
+	if e == nil {
+		return bucket.FreshCounter(quota, now)
+	}
+	return bucket.Counter{Tokens: e.state.Tokens, Last: e.state.Last, Period: e.period}
+}
+
+// setCounter stores c in key's entry (creating it) with its logical expiry: the end of its period
+// plus the margin. Caller holds sh.mu.
+func (sh *shard) setCounter(e *entry, key string, c bucket.Counter, w bucket.Window) *entry {
+	if e == nil {
+		e = &entry{}
+		sh.m[strings.Clone(key)] = e
+	}
+	e.state, e.period, e.counter = bucket.State{Tokens: c.Tokens, Last: c.Last}, c.Period, true
+	e.expires, e.expiry = true, c.Expiry(w, coordinator.ExpiryMargin)
+	return e
+}
+
+// count is take on a calendar counter (e nil for a missing key). A clock outside the request's
+// window fails the request and changes nothing.
+func (sh *shard) count(e *entry, r *coordinator.TakeRequest, now bucket.Millis) coordinator.TakeResult {
+	q := r.Limit.Capacity()
+	c := counterOf(e, q, now)
+	var credited bucket.Micro
+	if r.Credit.Amount > 0 {
+		cr, err := c.Return(q, r.Period, now, r.Credit.Amount, r.Credit.GrantedAt)
+		if err != nil {
+			return coordinator.TakeResult{Err: fmt.Errorf("memstore: take %q: %w", r.Key, err)}
+		}
+		credited = cr.Granted
+	}
+	res := bucket.Result{Remaining: c.Tokens}
+	if !r.CreditOnly() {
+		share := r.Share
+		if share == 0 {
+			share = bucket.WholeShare
+		}
+		var err error
+		if res, err = c.Take(q, r.Period, now, r.Want, r.Min, share, max(1, r.Unit)); err != nil {
+			return coordinator.TakeResult{Err: fmt.Errorf("memstore: take %q: %w", r.Key, err)}
+		}
+	}
+	e = sh.setCounter(e, r.Key, c, r.Period)
+	if r.Op.Agent != "" {
+		e.recordTake(r.Op, takeRecord{Seq: r.Op.Seq, Granted: res.Granted, Credited: credited, Remaining: res.Remaining,
+			RetryAfter: res.RetryAfter, Now: c.Last})
+	}
+	return coordinator.TakeResult{Result: res, Credited: credited, Now: c.Last}
 }
 
 // totalDemand is the key's demand for the contention rule: agent's own and the last demand of
@@ -271,22 +348,23 @@ func (sh *shard) ret(r *coordinator.ReturnRequest, now bucket.Millis) coordinato
 			}
 		}
 	}
-	if e == nil {
-		e = sh.create(r.Key, r.Limit, now)
+	var res bucket.Result
+	if r.Period.IsZero() {
+		if e == nil {
+			e = sh.create(r.Key, r.Limit, now)
+		}
+		res = e.state.Return(r.Limit, now, r.Amount, r.GrantedAt)
+		e.setExpiry(r.Limit)
+	} else {
+		c := counterOf(e, r.Limit.Capacity(), now)
+		var err error
+		if res, err = c.Return(r.Limit.Capacity(), r.Period, now, r.Amount, r.GrantedAt); err != nil {
+			return coordinator.ReturnResult{Err: fmt.Errorf("memstore: return %q: %w", r.Key, err)}
+		}
+		e = sh.setCounter(e, r.Key, c, r.Period)
 	}
-	res := e.state.Return(r.Limit, now, r.Amount, r.GrantedAt)
-	e.setExpiry(r.Limit)
 	if idem {
-		rec := returnRecord{Seq: r.Op.Seq, Credited: res.Granted, Remaining: res.Remaining, Now: e.state.Last}
-		if e.returns == nil {
-			e.returns = make(map[string]returnRecord, 1)
-		}
-		if _, ok := e.returns[r.Op.Agent]; ok {
-			e.returns[r.Op.Agent] = rec
-		} else {
-			e.returns[strings.Clone(r.Op.Agent)] = rec
-		}
-		e.sweepRecords()
+		e.recordReturn(r.Op, returnRecord{Seq: r.Op.Seq, Credited: res.Granted, Remaining: res.Remaining, Now: e.state.Last})
 	}
 	return coordinator.ReturnResult{Result: res, Now: e.state.Last}
 }

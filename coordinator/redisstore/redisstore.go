@@ -1,6 +1,7 @@
 // Package redisstore is the production coordinator.Store: one token bucket per key in Redis
 // (standalone, Sentinel or Cluster, through go-redis' UniversalClient), changed only by the
-// embedded script bucket.lua.
+// embedded script bucket.lua; or, for a request with a calendar window, one calendar quota's
+// counter per key, changed only by counter.lua.
 //
 // The script runs the arithmetic of internal/bucket exactly, in Lua doubles kept below 2^53, and
 // keeps the idempotency records of coordinator.OpID inside the bucket's own hash, so each request
@@ -41,6 +42,25 @@ import (
 var bucketLua string
 
 var script = redis.NewScript(bucketLua)
+
+//go:embed counter.lua
+var counterLua string
+
+// counterScript runs the requests on calendar counters (those with a Period).
+var counterScript = redis.NewScript(counterLua)
+
+// loadScripts loads the bucket script, the counter script or both (on Cluster, into every node).
+func loadScripts(ctx context.Context, c redis.Scripter, buckets, counters bool) error {
+	if buckets {
+		if err := script.Load(ctx, c).Err(); err != nil {
+			return err
+		}
+	}
+	if counters {
+		return counterScript.Load(ctx, c).Err()
+	}
+	return nil
+}
 
 // Result flags set by the script.
 const (
@@ -84,8 +104,8 @@ func New(c redis.UniversalClient, opts ...Option) *Store {
 // not pay a NOSCRIPT round trip. Calling it is optional: a batch that meets NOSCRIPT loads the
 // script and resends only the failed commands.
 func (s *Store) Load(ctx context.Context) error {
-	if err := script.Load(ctx, s.c).Err(); err != nil {
-		return fmt.Errorf("redisstore: load script: %w", err)
+	if err := loadScripts(ctx, s.c, true, true); err != nil {
+		return fmt.Errorf("redisstore: load scripts: %w", err)
 	}
 	return nil
 }
@@ -94,9 +114,11 @@ func (s *Store) Load(ctx context.Context) error {
 type call struct {
 	item int // index in the request slice
 	key  string
-	node string // on Cluster, the address of the key's master ("" if unknown)
-	args []any
-	cmd  *redis.Cmd
+	// counter: a calendar counter's call (counter.lua), else a bucket's (bucket.lua)
+	counter bool
+	node    string // on Cluster, the address of the key's master ("" if unknown)
+	args    []any
+	cmd     *redis.Cmd
 }
 
 // newCall is the script invocation for request item on key: op and the limit, op's operands
@@ -111,6 +133,19 @@ func newCall(item int, key, op string, l bucket.Limit, a, b, c int64, id coordin
 		id.Agent, id.Seq, now,
 		int64(coordinator.RecordKeep), coordinator.MaxRecords, int64(coordinator.ExpiryMargin),
 		unit, int64(back.Amount), int64(back.GrantedAt), int64(min(demand, lease.MaxShareDemand)), int64(ttl),
+	}}
+}
+
+// newCounterCall is counter.lua's invocation for request item on key: op, the quota and the
+// window, op's operands (as newCall), the operation id, the clock, the bounds of the idempotency
+// records, and for a take the unit and the lease handed back first.
+func newCounterCall(item int, key, op string, l bucket.Limit, w bucket.Window, a, b, c int64, id coordinator.OpID, now any, unit int64, back coordinator.Credit) call {
+	return call{item: item, key: key, counter: true, args: []any{
+		op, int64(l.Capacity()), int64(w.Start), int64(w.End), int64(w.Next),
+		a, b, c,
+		id.Agent, id.Seq, now,
+		int64(coordinator.RecordKeep), coordinator.MaxRecords, int64(coordinator.ExpiryMargin),
+		unit, int64(back.Amount), int64(back.GrantedAt),
 	}}
 }
 
@@ -141,6 +176,10 @@ func (s *Store) Take(ctx context.Context, reqs []coordinator.TakeRequest) ([]coo
 		if share == 0 {
 			share = bucket.WholeShare
 		}
+		if !r.Period.IsZero() {
+			calls = append(calls, newCounterCall(i, r.Key, "take", r.Limit, r.Period, int64(r.Want), int64(r.Min), share, r.Op, now, int64(max(1, r.Unit)), r.Credit))
+			continue
+		}
 		calls = append(calls, newCall(i, r.Key, "take", r.Limit, int64(r.Want), int64(r.Min), share, r.Op, now, int64(max(1, r.Unit)), r.Credit, r.Demand, r.TTL))
 	}
 	if err := s.exec(ctx, calls); err != nil {
@@ -169,6 +208,10 @@ func (s *Store) Return(ctx context.Context, reqs []coordinator.ReturnRequest) ([
 		r := &reqs[i]
 		if err := r.Validate(); err != nil {
 			res[i].Err = fmt.Errorf("redisstore: return: %w", err)
+			continue
+		}
+		if !r.Period.IsZero() {
+			calls = append(calls, newCounterCall(i, r.Key, "return", r.Limit, r.Period, int64(r.Amount), int64(r.GrantedAt), 0, r.Op, now, 1, coordinator.Credit{}))
 			continue
 		}
 		calls = append(calls, newCall(i, r.Key, "return", r.Limit, int64(r.Amount), int64(r.GrantedAt), 0, r.Op, now, 1, coordinator.Credit{}, 0, 0))
@@ -219,14 +262,17 @@ func (s *Store) exec(ctx context.Context, calls []call) error {
 	only := s.nodes.admit(ctx, calls) // nil: every call
 	s.sendByNode(ctx, calls, only, false)
 	var missing []int
+	var buckets, counters bool // the scripts missing
 	for i := range calls {
 		if redis.HasErrorPrefix(calls[i].cmd.Err(), "NOSCRIPT") {
 			missing = append(missing, i)
+			counters = counters || calls[i].counter
+			buckets = buckets || !calls[i].counter
 		}
 	}
 	if len(missing) > 0 {
 		// If a node cannot load it (a Cluster replica down), send the source instead.
-		loaded := script.Load(ctx, s.c).Err() == nil
+		loaded := loadScripts(ctx, s.c, buckets, counters) == nil
 		s.sendByNode(ctx, calls, missing, !loaded)
 	}
 	s.nodes.observe(ctx, calls, only)
@@ -269,10 +315,14 @@ type evaler interface {
 func (s *Store) send(ctx context.Context, calls []call, only []int, source bool) {
 	run := func(e evaler, c *call) {
 		keys := []string{c.key}
+		src, sc := bucketLua, script
+		if c.counter {
+			src, sc = counterLua, counterScript
+		}
 		if source {
-			c.cmd = e.Eval(ctx, bucketLua, keys, c.args...)
+			c.cmd = e.Eval(ctx, src, keys, c.args...)
 		} else {
-			c.cmd = e.EvalSha(ctx, script.Hash(), keys, c.args...)
+			c.cmd = e.EvalSha(ctx, sc.Hash(), keys, c.args...)
 		}
 	}
 	switch {
@@ -330,6 +380,9 @@ func batchErr(ctx context.Context, calls []call) error {
 // answer decodes the script's reply to c; the error names op and the key.
 func (c *call) answer(op string) (reply, error) {
 	rep, err := decode(c.cmd)
+	if redis.HasErrorPrefix(err, "OUTSIDE_WINDOW") {
+		return reply{}, fmt.Errorf("redisstore: %s %q: %w (%w)", op, c.key, bucket.ErrOutsideWindow, err)
+	}
 	if err != nil {
 		return reply{}, fmt.Errorf("redisstore: %s %q: %w", op, c.key, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -18,7 +19,7 @@ type NewStore func(t *testing.T, clock func() bucket.Millis) coordinator.Store
 
 // Run runs every behaviour as a subtest, each on a new store.
 func Run(t *testing.T, newStore NewStore) {
-	for _, tc := range cases {
+	for _, tc := range slices.Concat(cases, counterCases) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &fixture{t: t, now: start}
 			f.store = newStore(t, func() bucket.Millis { return f.now })
@@ -94,6 +95,9 @@ func TakeString(r coordinator.TakeRequest) string {
 	}
 	if r.Credit.Amount != 0 {
 		s += fmt.Sprintf(", credit=%d granted at %d", r.Credit.Amount, r.Credit.GrantedAt)
+	}
+	if !r.Period.IsZero() {
+		s += fmt.Sprintf(", window=%d..%d..%d", r.Period.Start, r.Period.End, r.Period.Next)
 	}
 	if r.Op.Agent != "" {
 		s += fmt.Sprintf(", op=%s/%d", r.Op.Agent, r.Op.Seq)

@@ -1,0 +1,233 @@
+package agent_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leasebucket/leasebucket/agent"
+	"github.com/leasebucket/leasebucket/internal/bucket"
+)
+
+const chargesPolicy = `
+version: "v1"
+rules:
+  - name: api
+    routes: ["/api/*"]
+    operations: [read]
+    cost: 2
+    limits:
+      - {limit: 6000/minute, burst: 1000}
+      - {limit: 10/hour, burst: 10}
+  - name: other
+    routes: ["/other"]
+    operations: [read]
+    limit: 6000/minute
+    burst: 1000
+  - name: budget
+    scope: tenant
+    limit: 6000/minute
+    burst: 1000
+default:
+  limit: 60/minute
+  burst: 10
+`
+
+// TestChargesAllOrNothing: through the agent's server on a coordinator and a store whose clock
+// stands still, a check of /api charges three buckets (api, its second limit api#2 and the
+// tenant budget): five are allowed (api#2 holds 10 tokens, a check costs 2), and every refusal
+// after them names api#2, waits for the end of its hour, and spends nothing anywhere. Once the
+// agent has handed its leases back, each bucket holds exactly its burst less the five checks.
+func TestChargesAllOrNothing(t *testing.T) {
+	set := parsePolicy(t, chargesPolicy)
+	s := newStack(t, set, stackOptions{})
+	ctx := context.Background()
+	allowed := 0
+	for i := range 40 {
+		v, err := s.srv.Decide(ctx, agent.Query{Tenant: "acme", Path: "/api/x", Operation: "GET"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch v.Outcome {
+		case agent.Allow:
+			allowed++
+		case agent.Deny:
+			if v.Rule.Name != "api#2" || v.RetryAfter < 5*time.Minute || v.RetryAfter > 12*time.Minute {
+				t.Fatalf("check %d refused by %s for %v, want api#2 for up to 12 minutes", i, v.Rule.Name, v.RetryAfter)
+			}
+		default:
+			t.Fatalf("check %d: %v", i, v.Outcome)
+		}
+		// Checks of another route charge the tenant budget alone beside their own bucket.
+		if v, err := s.srv.Decide(ctx, agent.Query{Tenant: "acme", Path: "/other", Operation: "GET"}); err != nil || v.Outcome != agent.Allow {
+			t.Fatalf("check of /other = %v, %v", v.Outcome, err)
+		}
+	}
+	if allowed != 5 {
+		t.Fatalf("%d checks allowed, want 5 (api#2 holds 10 tokens, a check costs 2)", allowed)
+	}
+	if st := s.lim.Stats(); st.Refunds.Load() == 0 {
+		t.Error("no refund: the refusals never found the other buckets charged first")
+	}
+	s.stop(t)
+	const cost, others = 2 * bucket.PerToken, 40 * bucket.PerToken
+	for _, c := range []struct {
+		path string
+		want bucket.Micro
+	}{
+		{"/api/x", 1000*bucket.PerToken - 5*cost},
+		{"/other", 1000*bucket.PerToken - others},
+	} {
+		if got := s.level(t, c.path, "GET", "acme"); got != c.want {
+			t.Errorf("%s's bucket holds %d µ, want %d µ: charged for exactly the allowed checks", c.path, got, c.want)
+		}
+	}
+	budget, second := chargeLevel(t, s, "budget"), chargeLevel(t, s, "api#2")
+	if want := 1000*bucket.PerToken - 5*cost - others; budget != want {
+		t.Errorf("the tenant budget holds %d µ, want %d µ (5 checks of /api at 2, 40 of /other at 1)", budget, want)
+	}
+	if second != 0 {
+		t.Errorf("api#2 holds %d µ, want 0: its 10 tokens went to the 5 checks", second)
+	}
+}
+
+// chargeLevel is the store's level of the bucket of a charge (a rule's further limit or a tenant
+// budget) of acme's /api checks.
+func chargeLevel(t *testing.T, s *stack, rule string) bucket.Micro {
+	t.Helper()
+	r, _ := s.set.Match("/api/x", "GET")
+	for _, id := range r.Charges() {
+		c := s.set.RouteByID(id)
+		if c.Rule.Name != rule {
+			continue
+		}
+		key, err := s.set.Key(c, "acme", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lvl, ok := s.store.Level(key)
+		if !ok {
+			t.Fatalf("no level for %s", key)
+		}
+		return lvl
+	}
+	t.Fatalf("/api charges no %s", rule)
+	return 0
+}
+
+// TestChargesConcurrent: goroutines check a route charging three buckets while the small one
+// runs dry again and again and leases are refilled; no check is ever charged in part: what all
+// three buckets were granted, less what they handed back, is three times the allowed checks'
+// cost, plus the refunds lost to a lease retired in between (the only tokens a refusal may leave
+// spent). Leases kept rather than handed back count as handed back.
+func TestChargesConcurrent(t *testing.T) {
+	// api#2: 10 tokens, refilled at 100 a second on the store's clock, which runs ten times
+	// faster than real time below: it runs dry and refills again and again.
+	set := parsePolicy(t, strings.Replace(chargesPolicy, "{limit: 10/hour, burst: 10}", "{limit: 100/second, burst: 10}", 1))
+	s := newStack(t, set, stackOptions{})
+	var allowed, denied atomic.Int64
+	var wg sync.WaitGroup
+	ctx := context.Background()
+	deadline := time.Now().Add(300 * time.Millisecond)
+	for g := range 6 {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				v, err := s.srv.Decide(ctx, agent.Query{Tenant: "acme", Path: "/api/x", Operation: "GET"})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				switch v.Outcome {
+				case agent.Allow:
+					allowed.Add(1)
+				case agent.Deny:
+					denied.Add(1)
+				default:
+					t.Errorf("goroutine %d: %v", g, v.Outcome)
+					return
+				}
+			}
+		})
+	}
+	stop := make(chan struct{})
+	var mover sync.WaitGroup
+	mover.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+				s.storeMs.Add(10)
+			}
+		}
+	})
+	wg.Wait()
+	close(stop)
+	mover.Wait()
+	s.stop(t)
+	st := s.lim.Stats()
+	// Leases not handed back (worth less than a request, or covered by the refill since) are
+	// neither spent nor returned: they count with what was handed back.
+	granted, back := int64(st.GrantedMicro.Load()), int64(st.ReturnedMicro.Load()+st.SkippedMicro.Load())
+	const cost = int64(2 * bucket.PerToken)
+	if got, want := granted-back, 3*allowed.Load()*cost+int64(st.RefundsLost.Load())*cost; got != want {
+		t.Fatalf("granted %d µ less %d µ handed back or kept = %d µ, want 3 × %d allowed × %d µ + %d refunds lost = %d µ",
+			granted, back, got, allowed.Load(), cost, st.RefundsLost.Load(), want)
+	}
+	if allowed.Load() == 0 || denied.Load() == 0 || st.Refunds.Load() == 0 {
+		t.Fatalf("%d allowed, %d denied, %d refunds: want all three", allowed.Load(), denied.Load(), st.Refunds.Load())
+	}
+	t.Logf("%d allowed, %d denied, %d refunds (%d lost)", allowed.Load(), denied.Load(), st.Refunds.Load(), st.RefundsLost.Load())
+}
+
+// TestChargesShadow: a shadow rule's bucket is reported, never enforced, also among several: when
+// it runs dry the check is allowed with a shadow denial, and the tenant budget beside it is
+// still charged and enforced.
+func TestChargesShadow(t *testing.T) {
+	set := parsePolicy(t, `
+version: "v1"
+rules:
+  - name: trial
+    routes: ["/api/*"]
+    operations: [read]
+    limit: 3/hour
+    shadow: true
+  - name: budget
+    scope: tenant
+    limit: 6/hour
+default:
+  limit: 60/minute
+  burst: 10
+`)
+	s := newStack(t, set, stackOptions{})
+	ctx := context.Background()
+	var allowed, shadowed int
+	for i := range 10 {
+		v, err := s.srv.Decide(ctx, agent.Query{Tenant: "acme", Path: "/api/x", Operation: "GET"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case v.Outcome == agent.Allow && v.ShadowDeny:
+			if v.Rule.Name != "trial" {
+				t.Fatalf("check %d: shadow denial by %s, want trial", i, v.Rule.Name)
+			}
+			shadowed++
+			allowed++
+		case v.Outcome == agent.Allow:
+			allowed++
+		case v.Outcome == agent.Deny:
+			if v.Rule.Name != "budget" {
+				t.Fatalf("check %d refused by %s, want the budget", i, v.Rule.Name)
+			}
+		default:
+			t.Fatalf("check %d: %v", i, v.Outcome)
+		}
+	}
+	if allowed != 6 || shadowed != 3 {
+		t.Fatalf("%d allowed (%d with a shadow denial), want 6 (3): the budget enforced, the shadow rule reported", allowed, shadowed)
+	}
+}
