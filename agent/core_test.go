@@ -155,7 +155,7 @@ default:
 `
 
 // BenchmarkCheckTwoLimits is BenchmarkCheck on a rule of two limits: both leases spent, all or
-// nothing (the issue's target: at most 1.3 times the one-limit check's CPU).
+// nothing (the target: at most 1.3 times the one-limit check's CPU).
 func BenchmarkCheckTwoLimits(b *testing.B) {
 	set, err := policy.Parse("test.yaml", []byte(twoLimitsPolicy))
 	if err != nil {
