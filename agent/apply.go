@@ -72,13 +72,13 @@ func (l *Limiter) applyAcquire(now clock.Nanos, c *Call, r Reply) error {
 					l.stats.LostMicro.Add(uint64(it.ReturnMicro))
 				} else {
 					// Not applied: the lease goes back to waiting to be handed back.
-					e.back.add(bucket.Micro(it.ReturnMicro), bucket.Millis(it.ReturnGrantedAtMs), c.sentAt)
+					e.sw().back.add(bucket.Micro(it.ReturnMicro), bucket.Millis(it.ReturnGrantedAtMs), c.sentAt)
 					l.settleBackLocked(now, e)
 				}
 			}
 			l.failLocked(now, e)
 			e.fail.setLost(c, f == MaybeApplied)
-			e.mu.Unlock()
+			e.unlock()
 		}
 		return mismatch
 	}
@@ -116,10 +116,10 @@ func (l *Limiter) applyAcquire(now clock.Nanos, c *Call, r Reply) error {
 			// A store that timed out may still have applied the item.
 			e.fail.setLost(c, res.Status == coordinatorv1.Status_STATUS_STORE_UNAVAILABLE)
 		}
-		if len(e.waiting) > 0 {
+		if len(e.s().waiting) > 0 {
 			l.queueLocked(e) // checks the answer could not serve wait for the next refill
 		}
-		e.mu.Unlock()
+		e.unlock()
 	}
 	return mismatch
 }
@@ -146,9 +146,9 @@ func (l *Limiter) applyReturns(c *Call, f Failure, n int, result func(int) *coor
 			// Not applied: it waits to be handed back again (unless its policy is gone: then no
 			// coordinator will take it).
 			e.mu.Lock()
-			e.back.add(bucket.Micro(amount), bucket.Millis(grantedAt), c.sentAt)
+			e.sw().back.add(bucket.Micro(amount), bucket.Millis(grantedAt), c.sentAt)
 			l.settleBackLocked(c.sentAt, e)
-			e.mu.Unlock()
+			e.unlock()
 			continue
 		}
 		l.handedBack(amount)
@@ -201,7 +201,7 @@ func (l *Limiter) grantLocked(now clock.Nanos, c *Call, e *entry, res *coordinat
 		return
 	}
 	switch {
-	case e.direct:
+	case e.rule.Direct:
 		// A direct grant is spent at once, whatever its TTL: on the checks that asked for it.
 		n.tokens = l.serveLocked(n.tokens, e, n, c.sentAt)
 	case now < n.expires:
@@ -210,16 +210,16 @@ func (l *Limiter) grantLocked(now clock.Nanos, c *Call, e *entry, res *coordinat
 	if n.tokens == 0 {
 		return
 	}
-	if e.direct || now >= n.expires {
+	if e.rule.Direct || now >= n.expires {
 		// Direct mode keeps no lease; an answer that came too late to use goes back.
 		e.acct -= n.tokens
 		l.handBackLocked(now, e, n)
 		return
 	}
 	if e.usableLocked(now, 1) {
-		if e.next.tokens > 0 {
-			e.acct -= e.next.tokens
-			l.handBackLocked(now, e, e.next)
+		if n := e.s().next; n.tokens > 0 {
+			e.acct -= n.tokens
+			l.handBackLocked(now, e, n)
 		}
 		e.setNextLocked(n)
 		return
@@ -231,7 +231,7 @@ func (l *Limiter) grantLocked(now clock.Nanos, c *Call, e *entry, res *coordinat
 // paceUntil is when a key whose grant said paceMs may ask again; 0 when it is not paced (the
 // bucket covered the grant) or keeps no lease (direct mode: each check is its own take).
 func (l *Limiter) paceUntil(now clock.Nanos, e *entry, paceMs int64) clock.Nanos {
-	if paceMs <= 0 || e.direct {
+	if paceMs <= 0 || e.rule.Direct {
 		return 0
 	}
 	return now + clock.Nanos(paceMs)*clock.Nanos(time.Millisecond)
@@ -245,7 +245,7 @@ const anyWaiting = clock.Nanos(math.MaxInt64)
 // grant the tokens came from: a ticket of a reservation keeps its expiry (reserve.go).
 func (l *Limiter) serveLocked(tokens bucket.Micro, e *entry, from grant, asked clock.Nanos) bucket.Micro {
 	served := 0
-	for _, t := range e.waiting {
+	for _, t := range e.s().waiting {
 		if t.recheck {
 			// The refill is in (it becomes the lease once this returns, under the same lock the
 			// check takes to look again): check again.
@@ -258,10 +258,10 @@ func (l *Limiter) serveLocked(tokens bucket.Micro, e *entry, from grant, asked c
 		}
 		tokens -= bucket.Micro(t.cost)
 		t.from = from
-		t.decideLocked(Verdict{Outcome: Allow, Remaining: tokens + e.level + e.next.tokens, Rule: e.rule, Limits: e.lim})
+		t.decideLocked(Verdict{Outcome: Allow, Remaining: tokens + e.level + e.s().next.tokens, Rule: e.rule, Limits: e.lim})
 		served++
 	}
-	e.waiting = dropFront(e.waiting, served)
+	e.dropWaiting(served)
 	return tokens
 }
 
@@ -274,7 +274,7 @@ func (l *Limiter) deniedLocked(now clock.Nanos, e *entry, res *coordinatorv1.Acq
 	if res.RetryAfterMs < 0 {
 		retry = neverRetry
 	}
-	if !e.direct {
+	if !e.rule.Direct {
 		if pace := time.Duration(res.PaceMs) * time.Millisecond; pace > retry {
 			retry = pace // agents compete: this one waits for its share of the refill
 		}
@@ -285,7 +285,7 @@ func (l *Limiter) deniedLocked(now clock.Nanos, e *entry, res *coordinatorv1.Acq
 	if e.fail != nil {
 		e.fail.count = 0
 	}
-	for _, t := range e.waiting {
+	for _, t := range e.s().waiting {
 		if t.recheck {
 			// The check of several buckets looks again, finds the denial and counts its demand.
 			t.decideLocked(Verdict{Outcome: Wait})
@@ -294,7 +294,7 @@ func (l *Limiter) deniedLocked(now clock.Nanos, e *entry, res *coordinatorv1.Acq
 		e.refused += bucket.Micro(t.cost)
 		t.decideLocked(l.shadow(e, Verdict{Outcome: Deny, RetryAfter: retry}))
 	}
-	e.waiting = dropFront(e.waiting, len(e.waiting))
+	e.dropWaiting(len(e.s().waiting))
 }
 
 // failLocked puts e in its failure mode for a backoff that doubles with consecutive failures; the
@@ -307,25 +307,25 @@ func (l *Limiter) failLocked(now clock.Nanos, e *entry) {
 	e.fail.count++
 	e.fail.until = now + clock.Of(min(d, maxFailureBackoff))
 	e.refilling.Store(false)
-	for _, t := range e.waiting {
+	for _, t := range e.s().waiting {
 		if t.recheck {
 			t.decideLocked(Verdict{Outcome: Wait}) // the check of several buckets looks again, and finds the failure
 			continue
 		}
 		t.decideLocked(l.failureLocked(now, e, t.cost))
 	}
-	e.waiting = dropFront(e.waiting, len(e.waiting))
+	e.dropWaiting(len(e.s().waiting))
 }
 
 // releaseLocked tells the checks waiting for e, which was retired, to check again.
 func (l *Limiter) releaseLocked(e *entry) {
-	for _, t := range e.waiting {
+	for _, t := range e.s().waiting {
 		t.decideLocked(Verdict{Outcome: Wait})
 	}
-	if len(e.waiting) > 0 {
-		l.stats.Released.Add(uint64(len(e.waiting)))
+	if n := len(e.s().waiting); n > 0 {
+		l.stats.Released.Add(uint64(n))
 	}
-	e.waiting = dropFront(e.waiting, len(e.waiting))
+	e.dropWaiting(len(e.s().waiting))
 }
 
 // dropFront removes the first n tickets, keeping the backing array for the next ones.

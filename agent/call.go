@@ -161,7 +161,7 @@ func (l *Limiter) buildAcquire(now clock.Nanos, v *view, batch []*entry) *Call {
 // acquireItem is e's item of an Acquire, or nil when e needs none any more.
 func (l *Limiter) acquireItem(now clock.Nanos, v *view, e *entry) *coordinatorv1.AcquireItem {
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	e.queued = false
 	if e.view != v || e.dead.Load() || v.closed.Load() {
 		// A stale view's entry, or the Limiter is closed (an entry inserted by a Check racing
@@ -170,8 +170,8 @@ func (l *Limiter) acquireItem(now clock.Nanos, v *view, e *entry) *coordinatorv1
 		l.releaseLocked(e)
 		return nil
 	}
-	if len(e.waiting) == 0 {
-		if e.next.tokens > 0 {
+	if len(e.s().waiting) == 0 {
+		if e.s().next.tokens > 0 {
 			// A prefetch while the lease prefetched last time still waits to be installed (the
 			// next check does that): asking again would only add a lease that sits unused.
 			// refilling stays set, so checks below the low water do not queue it again;
@@ -187,9 +187,9 @@ func (l *Limiter) acquireItem(now clock.Nanos, v *view, e *entry) *coordinatorv1
 	}
 	e.inflight = true
 	least, needed := e.unit, bucket.Micro(0)
-	if len(e.waiting) > 0 {
-		least = bucket.Micro(e.waiting[0].cost)
-		for _, t := range e.waiting {
+	if w := e.s().waiting; len(w) > 0 {
+		least = bucket.Micro(w[0].cost)
+		for _, t := range w {
 			needed += bucket.Micro(t.cost)
 		}
 	}
@@ -199,11 +199,11 @@ func (l *Limiter) acquireItem(now clock.Nanos, v *view, e *entry) *coordinatorv1
 		MinMicro:             int64(least),
 		DemandMicroPerSecond: int64(l.sampleDemandLocked(now, e)),
 	}
-	if b := e.back; b.amount > 0 {
+	if b := e.s().back; b.amount > 0 {
 		if l.creditEstimate(now, e, b) > 0 {
 			// The key's own lease rides in its item: credited in the same atomic operation.
 			it.ReturnMicro, it.ReturnGrantedAtMs = int64(b.amount), int64(b.grantedAt)
-			e.back = handBack{}
+			e.clearBack()
 		} else {
 			l.settleBackLocked(now, e) // decayed away: given up
 		}
@@ -289,9 +289,9 @@ func (l *Limiter) buildReturn(now clock.Nanos, backs []*entry) *Call {
 // queue either way, unless it must wait longer for a refill to ride with.
 func (l *Limiter) returnItem(now clock.Nanos, v *view, e *entry) (*coordinatorv1.ReturnItem, bool) {
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	e.backed = false
-	b := e.back
+	b := e.s().back
 	if b.amount == 0 {
 		return nil, false // rode with its key's refill meanwhile
 	}
@@ -299,7 +299,7 @@ func (l *Limiter) returnItem(now clock.Nanos, v *view, e *entry) (*coordinatorv1
 		l.settleBackLocked(now, e) // decayed (dropped), or waits for its key's refill
 		return nil, false
 	}
-	e.back = handBack{}
+	e.clearBack()
 	return &coordinatorv1.ReturnItem{Bucket: l.ref(v, e), UnspentMicro: int64(b.amount), GrantedAtMs: int64(b.grantedAt)}, true
 }
 
@@ -326,7 +326,7 @@ func (l *Limiter) requeueBacks(now clock.Nanos, rest []*entry) {
 func (l *Limiter) resendable(batch []*entry) (seq uint64, sentAt clock.Nanos, rest []*entry) {
 	lostSeq := func(e *entry) (uint64, clock.Nanos) {
 		e.mu.Lock()
-		defer e.mu.Unlock()
+		defer e.unlock()
 		if e.fail == nil {
 			return 0, 0
 		}
@@ -359,7 +359,7 @@ func (l *Limiter) resendable(batch []*entry) (seq uint64, sentAt clock.Nanos, re
 // minus the level now — and what its checks were refused over the limit. A sample spans at least
 // lease.MinSample: refills that come sooner leave it open and accumulating.
 func (l *Limiter) sampleDemandLocked(now clock.Nanos, e *entry) bucket.Micro {
-	level := bucket.Micro(e.tokens.Load()) + e.next.tokens
+	level := bucket.Micro(e.tokens.Load()) + e.s().next.tokens
 	switch elapsed := (now - e.sampledAt).Duration(); {
 	case !e.sampled:
 		e.acct, e.sampledAt, e.sampled = level, now, true

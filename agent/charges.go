@@ -261,7 +261,7 @@ func (l *Limiter) refund(cs []charge) {
 		} else {
 			l.stats.RefundsLost.Add(1)
 		}
-		e.mu.Unlock()
+		e.unlock()
 	}
 }
 
@@ -271,7 +271,7 @@ func (l *Limiter) refund(cs []charge) {
 // asks for the check to be made again.
 func (l *Limiter) probe(now clock.Nanos, e *entry, c int64) (v Verdict, again bool) {
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	if e.dead.Load() {
 		return Verdict{Outcome: Wait, Ticket: retryTicket, Rule: e.rule, Limits: e.lim}, false
 	}
@@ -289,7 +289,7 @@ func (l *Limiter) probe(now clock.Nanos, e *entry, c int64) (v Verdict, again bo
 		return l.failureLocked(now, e, c), false
 	}
 	t := &Ticket{e: e, cost: c, ready: make(chan struct{}), recheck: true}
-	e.waiting = append(e.waiting, t)
+	e.wait(t)
 	l.queueLocked(e)
 	return Verdict{Outcome: Wait, Ticket: t, Rule: e.rule, Limits: e.lim}, false
 }

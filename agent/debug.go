@@ -160,8 +160,8 @@ func (d *debug) lease(now clock.Nanos, e *entry) DebugLease {
 	if exp := clock.Nanos(e.expires.Load()); tokens > 0 && exp > now {
 		l.Tokens, l.ExpiresInMs = tokensOf(tokens), msUntil(exp)
 	}
-	if e.next.tokens > 0 && e.next.expires > now {
-		l.NextTokens, l.NextExpiresInMs = tokensOf(int64(e.next.tokens)), msUntil(e.next.expires)
+	if n := e.s().next; n.tokens > 0 && n.expires > now {
+		l.NextTokens, l.NextExpiresInMs = tokensOf(int64(n.tokens)), msUntil(n.expires)
 	}
 	l.Remaining = tokensOf(tokens + e.remaining.Load())
 	l.DeniedForMs = msUntil(clock.Nanos(e.deniedUntil.Load()))

@@ -43,16 +43,16 @@ type entry struct {
 	rule   *policy.Rule
 	view   *view
 	unit   bucket.Micro // one request of the route: the unit leases are counted in
-	direct bool         // lease: off
 
 	// mu guards the rest.
 	mu        sync.Mutex
 	grantedAt bucket.Millis // store clock of the current lease's grant, echoed when it is handed back
 	recvAt    clock.Nanos   // when the current lease's grant arrived
-	next      grant         // a prefetched lease waiting for the current one to run out
 	level     bucket.Micro  // the global bucket's level in the last answer
-	waiting   []*Ticket     // checks waiting for a refill, first come first served
-	back      handBack      // unspent leases to hand back
+	// slow holds what only a refill in play uses (a prefetched lease, unspent leases to hand back,
+	// waiting checks); nil when there is none of it, as for most keys of a large table most of
+	// the time (slowState).
+	slow *slowState
 	// Demand: acct is the level held at the last sample plus what was granted and minus what was
 	// handed back since, so acct - level now is what was spent; refused is what the checks
 	// refused over the limit (denied or paced) since asked for: the demand counts both, so a key
@@ -97,6 +97,84 @@ type grant struct {
 	expires   clock.Nanos
 	grantedAt bucket.Millis
 	recvAt    clock.Nanos
+}
+
+// slowState is the part of an entry's state that only a refill in play uses. It lives beside the
+// entry, allocated when first needed and dropped once empty (trimLocked), so an entry of a key
+// with nothing in play stays small: the lease table holds up to a million of them.
+type slowState struct {
+	next    grant     // a prefetched lease waiting for the current one to run out
+	back    handBack  // unspent leases to hand back
+	waiting []*Ticket // checks waiting for a refill, first come first served
+}
+
+// noSlow is what s reads for an entry without slow state. It is never written.
+var noSlow slowState
+
+// s is the entry's slow state for reading: the empty one when it has none. e.mu is held.
+func (e *entry) s() *slowState {
+	if e.slow != nil {
+		return e.slow
+	}
+	return &noSlow
+}
+
+// sw is the entry's slow state for writing, allocated if it has none. e.mu is held.
+func (e *entry) sw() *slowState {
+	if e.slow == nil {
+		e.slow = &slowState{}
+	}
+	return e.slow
+}
+
+// trimLocked drops the slow state once it holds nothing. e.mu is held.
+func (e *entry) trimLocked() {
+	if s := e.slow; s != nil && s.next.tokens == 0 && s.back.amount == 0 && len(s.waiting) == 0 {
+		e.slow = nil
+	}
+}
+
+// unlock releases e.mu, first dropping the slow state if it holds nothing.
+func (e *entry) unlock() {
+	e.trimLocked()
+	e.mu.Unlock()
+}
+
+// wait queues t for the entry's refill. e.mu is held.
+func (e *entry) wait(t *Ticket) {
+	s := e.sw()
+	s.waiting = append(s.waiting, t)
+}
+
+// dropWaiting removes the first n waiting checks (decided). e.mu is held.
+func (e *entry) dropWaiting(n int) {
+	if s := e.slow; s != nil && n > 0 {
+		s.waiting = dropFront(s.waiting, n)
+		e.trimLocked()
+	}
+}
+
+// unwait removes t from the waiting checks, if it is there. e.mu is held.
+func (e *entry) unwait(t *Ticket) {
+	s := e.slow
+	if s == nil {
+		return
+	}
+	for i, w := range s.waiting {
+		if w == t {
+			s.waiting = append(s.waiting[:i], s.waiting[i+1:]...)
+			break
+		}
+	}
+	e.trimLocked()
+}
+
+// clearBack forgets the unspent leases to hand back (sent, or not worth sending). e.mu is held.
+func (e *entry) clearBack() {
+	if e.slow != nil {
+		e.slow.back = handBack{}
+		e.trimLocked()
+	}
 }
 
 // handBack is what an entry has to hand back: the unspent tokens of leases it retired, credited
@@ -157,13 +235,18 @@ func (e *entry) installLocked(l grant) {
 
 // setNextLocked replaces the prefetched lease. e.mu is held.
 func (e *entry) setNextLocked(n grant) {
-	e.next = n
+	if n.tokens > 0 {
+		e.sw().next = n
+	} else if e.slow != nil {
+		e.slow.next = grant{}
+		e.trimLocked()
+	}
 	e.setRemainingLocked()
 }
 
 // setRemainingLocked computes what responses report beyond the current lease. e.mu is held.
 func (e *entry) setRemainingLocked() {
-	e.remaining.Store(int64(e.level + e.next.tokens))
+	e.remaining.Store(int64(e.level + e.s().next.tokens))
 }
 
 // usableLocked reports whether the current lease can serve cost at now.

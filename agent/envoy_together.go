@@ -121,7 +121,7 @@ func (s *Server) together(slots []slot) ([]charge, []int, error) {
 			one[0] = charge{e: e, cost: res.cost}
 		}
 		for _, c := range one[:n] {
-			if c.e.direct {
+			if c.e.rule.Direct {
 				return nil, nil, errDirectTogether
 			}
 			cs = append(cs, c)

@@ -12,14 +12,14 @@ import (
 // key's next refill if one comes; they go alone only if worth at least one request (or the key
 // is gone); and not at all once the refill since their grant covers them. e.mu is held.
 func (l *Limiter) handBackLocked(now clock.Nanos, e *entry, g grant) {
-	e.back.add(g.tokens, g.grantedAt, g.recvAt)
+	e.sw().back.add(g.tokens, g.grantedAt, g.recvAt)
 	l.settleBackLocked(now, e)
 }
 
 // settleBackLocked drops what e has to hand back if the coordinator would credit none of it, and
 // queues it to go alone if it is worth a request or its entry is gone. e.mu is held.
 func (l *Limiter) settleBackLocked(now clock.Nanos, e *entry) {
-	b := e.back
+	b := e.s().back
 	if b.amount == 0 {
 		return
 	}
@@ -28,7 +28,7 @@ func (l *Limiter) settleBackLocked(now clock.Nanos, e *entry) {
 		l.stats.ReturnsSkipped.Add(1)
 		l.stats.SkippedMicro.Add(uint64(b.amount))
 		l.forfeit(now, e, b)
-		e.back = handBack{}
+		e.clearBack()
 		return
 	}
 	if e.backed || (credit < e.unit && !e.dead.Load()) {
@@ -97,10 +97,10 @@ func (l *Limiter) creditEstimate(now clock.Nanos, e *entry, b handBack) bucket.M
 // (they check again). e is dead afterwards.
 func (l *Limiter) retireEntry(e *entry) {
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	e.dead.Store(true)
 	now := e.recvAt // any reading: a dead entry hands back everything its credit estimate keeps
-	if n := e.next; n.tokens > 0 {
+	if n := e.s().next; n.tokens > 0 {
 		e.acct -= n.tokens
 		e.setNextLocked(grant{})
 		l.handBackLocked(max(now, n.recvAt), e, n)
@@ -114,7 +114,7 @@ func (l *Limiter) evicted(e *entry) {
 	l.retireEntry(e)
 	e.mu.Lock()
 	l.parked.park(e)
-	e.mu.Unlock()
+	e.unlock()
 }
 
 // Expire retires the leases that expired by now in the next shards of the lease table (a cursor
@@ -137,19 +137,18 @@ func (l *Limiter) ExpireAll(now clock.Nanos) {
 
 func (l *Limiter) expireEntry(now clock.Nanos, e *entry) {
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	if exp := e.expires.Load(); exp != 0 && int64(now) >= exp {
 		l.expiredLocked(now, e)
 	}
-	if e.next.tokens > 0 && now >= e.next.expires {
+	if n := e.s().next; n.tokens > 0 && now >= n.expires {
 		l.stats.Expired.Add(1)
-		n := e.next
 		e.acct -= n.tokens
 		e.setNextLocked(grant{})
 		e.prefetchDoneLocked()
 		l.handBackLocked(now, e, n)
 	}
-	if e.next.tokens > 0 && !e.usableLocked(now, 1) {
+	if e.s().next.tokens > 0 && !e.usableLocked(now, 1) {
 		l.promoteLocked(now, e)
 	}
 	if !e.backed {
@@ -183,8 +182,8 @@ func (l *Limiter) Outstanding() bucket.Micro {
 	var held bucket.Micro
 	add := func(e *entry) {
 		e.mu.Lock()
-		held += bucket.Micro(e.tokens.Load()) + e.next.tokens + e.back.amount
-		e.mu.Unlock()
+		held += bucket.Micro(e.tokens.Load()) + e.s().next.tokens + e.s().back.amount
+		e.unlock()
 	}
 	l.view.Load().table.each(add)
 	// Entries of closed views and evicted ones hold only what they have to hand back.

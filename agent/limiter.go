@@ -256,7 +256,7 @@ func (l *Limiter) insert(res *resolved, tenant string) *entry {
 	e, _ := v.table.getOrInsert(res.hash, res.route.ID, tenant, func() *entry {
 		// The tenant string may point into a request buffer: the table keeps its own copy.
 		e := &entry{route: res.route.ID, tenant: string([]byte(tenant)), lim: res.lim, rule: res.route.Rule, view: v,
-			unit: bucket.Micro(v.set.Cost(res.route)) * bucket.PerToken, direct: res.route.Rule.Direct}
+			unit: bucket.Micro(v.set.Cost(res.route)) * bucket.PerToken}
 		l.parked.restore(e)
 		return e
 	})
@@ -267,7 +267,7 @@ func (l *Limiter) insert(res *resolved, tenant string) *entry {
 // the failure mode, or a refill to wait for.
 func (l *Limiter) slowCheck(now clock.Nanos, e *entry, c int64) Verdict {
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	for {
 		if e.dead.Load() {
 			// Evicted or its view closed while we looked: the caller checks again and finds the
@@ -300,7 +300,7 @@ func (l *Limiter) slowCheck(now clock.Nanos, e *entry, c int64) Verdict {
 			return l.failureLocked(now, e, c)
 		}
 		t := &Ticket{e: e, cost: c, ready: make(chan struct{}), at: now}
-		e.waiting = append(e.waiting, t)
+		e.wait(t)
 		l.queueLocked(e)
 		return Verdict{Outcome: Wait, Ticket: t, Rule: e.rule, Limits: e.lim}
 	}
@@ -308,10 +308,10 @@ func (l *Limiter) slowCheck(now clock.Nanos, e *entry, c int64) Verdict {
 
 // promoteLocked replaces an exhausted or expired current lease by the prefetched one.
 func (l *Limiter) promoteLocked(now clock.Nanos, e *entry) bool {
-	if e.next.tokens == 0 {
+	if e.s().next.tokens == 0 {
 		return false
 	}
-	n := e.next
+	n := e.s().next
 	e.setNextLocked(grant{})
 	e.prefetchDoneLocked()
 	l.handBackLocked(now, e, e.retireLocked())
@@ -334,18 +334,13 @@ func (l *Limiter) Fallback(now clock.Nanos, t *Ticket) Verdict {
 		return t.v
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	select {
 	case <-t.ready:
 		return t.v
 	default:
 	}
-	for i, w := range e.waiting {
-		if w == t {
-			e.waiting = append(e.waiting[:i], e.waiting[i+1:]...)
-			break
-		}
-	}
+	e.unwait(t)
 	v := l.failureLocked(now, e, t.cost)
 	if t.recheck && v.ShadowDeny {
 		// A check of several buckets that waited too long for a shadow rule's bucket: the other
@@ -399,7 +394,7 @@ func (l *Limiter) shadow(e *entry, v Verdict) Verdict {
 func (l *Limiter) prefetch(e *entry) {
 	e.mu.Lock()
 	l.queueLocked(e)
-	e.mu.Unlock()
+	e.unlock()
 }
 
 // queueLocked queues a refill of e unless one is queued, in flight or put off. e.mu is held.

@@ -84,7 +84,7 @@ func (l *Limiter) Reserve(now clock.Nanos, q Query, a ReserveAsk) (Reservation, 
 	least = max(bucket.Micro(res.cost), min(least, e.lim.Bucket.Capacity()/e.unit*e.unit))
 	want := max(least, a.Want-a.Want%e.unit)
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	for {
 		if r, ok := l.reserveLeaseLocked(now, e, want, a.Life); ok {
 			return r, Verdict{Outcome: Allow, Rule: e.rule, Limits: e.lim}, nil
@@ -105,7 +105,7 @@ func (l *Limiter) Reserve(now clock.Nanos, q Query, a ReserveAsk) (Reservation, 
 			return Reservation{}, l.failedReserveLocked(now, e), nil
 		}
 		t := &Ticket{e: e, cost: int64(least), ready: make(chan struct{}), at: now}
-		e.waiting = append(e.waiting, t)
+		e.wait(t)
 		if e.refilling.Load() && !e.queued && !e.inflight {
 			// The refill was put off because a prefetched lease waits to be installed; a check
 			// would have installed it, but it holds less than the reservation wants.
@@ -133,8 +133,8 @@ func (l *Limiter) reserveLeaseLocked(now clock.Nanos, e *entry, want bucket.Micr
 			}
 		}
 	}
-	if n := e.next; n.tokens >= want && n.expires-now >= clock.Of(life) {
-		e.next.tokens -= want
+	if n := e.s().next; n.tokens >= want && n.expires-now >= clock.Of(life) {
+		e.sw().next.tokens -= want
 		e.setRemainingLocked()
 		return e.reservation(want, n), true
 	}
@@ -165,7 +165,7 @@ func (l *Limiter) Reserved(now clock.Nanos, t *Ticket, a ReserveAsk) (Reservatio
 		return Reservation{}, t.Verdict()
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	v := t.Verdict()
 	if v.Outcome != Allow || v.Degraded {
 		if v.Outcome == Allow {
@@ -195,9 +195,9 @@ func (l *Limiter) Reserved(now clock.Nanos, t *Ticket, a ReserveAsk) (Reservatio
 				}
 			}
 		} else if e.sameNextLocked(r.from) {
-			take := min(want, e.next.tokens)
+			take := min(want, e.s().next.tokens)
 			take -= take % e.unit
-			e.next.tokens -= take
+			e.sw().next.tokens -= take
 			e.setRemainingLocked()
 			r.Tokens += take
 		}
@@ -213,7 +213,7 @@ func (l *Limiter) Unreserve(now clock.Nanos, t *Ticket) {
 		return
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	select {
 	case <-t.ready:
 		if v := t.v; v.Outcome == Allow {
@@ -226,12 +226,7 @@ func (l *Limiter) Unreserve(now clock.Nanos, t *Ticket) {
 		return
 	default:
 	}
-	for i, w := range e.waiting {
-		if w == t {
-			e.waiting = append(e.waiting[:i], e.waiting[i+1:]...)
-			break
-		}
-	}
+	e.unwait(t)
 	t.decideLocked(Verdict{Outcome: Wait})
 }
 
@@ -254,7 +249,7 @@ func (l *Limiter) Release(now clock.Nanos, r Reservation, unused bucket.Micro) {
 	}
 	unused = min(unused, r.Tokens)
 	r.e.mu.Lock()
-	defer r.e.mu.Unlock()
+	defer r.e.unlock()
 	l.giveBackLocked(now, r.e, r.from, unused)
 }
 
@@ -270,7 +265,7 @@ func (l *Limiter) giveBackLocked(now clock.Nanos, e *entry, from grant, amount b
 			return
 		}
 		if e.sameNextLocked(from) {
-			e.next.tokens += amount
+			e.sw().next.tokens += amount
 			e.setRemainingLocked()
 			return
 		}
@@ -287,7 +282,7 @@ func (e *entry) sameLeaseLocked(g grant) bool {
 
 // sameNextLocked reports whether g is e's prefetched lease. e.mu is held.
 func (e *entry) sameNextLocked(g grant) bool {
-	n := e.next
+	n := e.s().next
 	return n.tokens > 0 && n.expires == g.expires && n.grantedAt == g.grantedAt && n.recvAt == g.recvAt
 }
 
@@ -308,6 +303,6 @@ func (l *Limiter) ObserveDemand(q Query, rate bucket.Micro) error {
 	}
 	res.e.mu.Lock()
 	res.e.demand.Observe(rate, time.Second)
-	res.e.mu.Unlock()
+	res.e.unlock()
 	return nil
 }

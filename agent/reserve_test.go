@@ -121,11 +121,11 @@ func TestReserveSpec(t *testing.T) {
 				defer e.mu.Unlock()
 				var b strings.Builder
 				fmt.Fprintf(&b, "lease tokens=%s expires=%dms", tok(e.tokens.Load()), e.expires.Load()/int64(time.Millisecond))
-				if e.next.tokens > 0 {
-					fmt.Fprintf(&b, " next=%s expires=%dms", tok(int64(e.next.tokens)), e.next.expires/clock.Nanos(time.Millisecond))
+				if e.s().next.tokens > 0 {
+					fmt.Fprintf(&b, " next=%s expires=%dms", tok(int64(e.s().next.tokens)), e.s().next.expires/clock.Nanos(time.Millisecond))
 				}
-				if e.back.amount > 0 {
-					fmt.Fprintf(&b, " back=%s", tok(int64(e.back.amount)))
+				if e.s().back.amount > 0 {
+					fmt.Fprintf(&b, " back=%s", tok(int64(e.s().back.amount)))
 				}
 				fmt.Fprintf(&b, " demand=%s/s", tok(int64(e.demand.Rate())))
 				return b.String()

@@ -23,10 +23,10 @@ import (
 )
 
 // Memory the agent needs, from the benchmarks (docs/agent.md, docs/reliability.md): the lease
-// table's heap per key (BenchmarkMemoryPerKey: 319 bytes; 320 counted), an idempotency record, and
+// table's heap per key (BenchmarkMemoryPerKey: 240 bytes, target 256), an idempotency record, and
 // the resident set of an agent with a small table under the chaos load.
 const (
-	bytesPerKey         = 320
+	bytesPerKey         = 256
 	bytesPerIdempotency = 300
 	baseResident        = 32 << 20
 )
