@@ -29,59 +29,18 @@
 -- double is exact, so + - * and comparisons are exact; the bound is noted beside each
 -- multiplication (bucket.NewLimit guarantees the invariants it relies on). Division is never used
 -- directly: idiv computes an exact floor. Numbers are written with %d, never tostring's %.14g.
+--
+-- common.lua, prepended to this script, reads ARGV 1 and 6..17 and defines idiv, ceil_div, int,
+-- now, rec_field, take_share and sweep.
 
-local key = KEYS[1]
-local op = ARGV[1]
 local capacity = tonumber(ARGV[2])
 local num = tonumber(ARGV[3]) -- refill: num microtokens every den ms; num == 0 never refills
 local den = tonumber(ARGV[4])
 local fill = tonumber(ARGV[5]) -- ms for an empty bucket to fill; 0 when num == 0
-local want = tonumber(ARGV[6]) -- take: microtokens wanted; return: microtokens returned
-local least = tonumber(ARGV[7]) -- take: minimum grant; return: the lease's grant time (ms)
-local share = tonumber(ARGV[8]) -- take: permille cap of the grant
-local agent = ARGV[9]
-local seq = tonumber(ARGV[10])
-local injected = ARGV[11] ~= '' -- a test or simulator clock: no PEXPIRE, it is not wall time
-local record_keep = tonumber(ARGV[12])
-local max_records = tonumber(ARGV[13])
-local expiry_margin = tonumber(ARGV[14])
-local unit = tonumber(ARGV[15]) -- take: grants cut below want are whole multiples of it
-local ret_amount = tonumber(ARGV[16]) -- take: unspent µ of a lease handed back first
-local ret_granted_at = tonumber(ARGV[17]) -- take: that lease's grant time (ms)
 local demand = tonumber(ARGV[18]) -- take: the agent's demand, µ/s (<= 2^43)
 local ttl = tonumber(ARGV[19]) -- take: the lease lifetime, ms (0: direct mode, no contention rule)
 local FRESH = 2 -- lease.FreshLeases
 local MAX_SHARE_DEMAND = 8796093022208 -- lease.MaxShareDemand, 2^43
-
-local WHOLE = 1000 -- bucket.WholeShare
-local NEVER = -1 -- bucket.Never
-local REPLAYED, STALE = 1, 2
-
--- floor(a / b) for integers 0 <= a <= 2^53 - 1 and 1 <= b <= 2^53 - 1, exactly. Float division
--- rounds, and a quotient just below an integer could round up to it; the true quotient is
--- representable and rounding is monotonic, so floor(a / b) is the true quotient or one more. One
--- more makes q*b exceed a (a product past 2^53 rounds to at least 2^53, still above a), which
--- a - q*b < 0 detects; otherwise q*b <= a is exact. (Under round-to-nearest, rounding up needs
--- a >= 2^53 - 1, which no argument here reaches; the check keeps the helper exact regardless.)
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then
-    q = q - 1
-  elseif r >= b then
-    q = q + 1
-  end
-  return q
-end
-
--- ceil(a / b) for 0 <= a, 1 <= b, without forming a + b - 1 (bucket.ceilDiv).
-local function ceil_div(a, b)
-  local q = idiv(a, b)
-  if q * b ~= a then -- q*b <= a: exact
-    q = q + 1
-  end
-  return q
-end
 
 -- The refill of 0 <= elapsed < fill ms on top of a remainder 0 <= frac < den (Limit.added):
 -- whole microtokens and the new remainder of (elapsed*num + frac) / den.
@@ -115,24 +74,6 @@ local function time_decay(age)
     + ceil_div(r * num, den) -- r*num < den*num <= 2^53 - 1
 end
 
-local function int(x)
-  return string.format('%d', x)
-end
-
--- now: the injected clock, or Redis TIME in milliseconds.
-local now
-if injected then
-  now = tonumber(ARGV[11])
-else
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000 -- seconds since 1970 * 1000 < 2^53 for another 285,000 years
-    + idiv(tonumber(time[2]), 1000)
-end
-
-local rec_field = nil
-if agent ~= '' then
-  rec_field = (op == 'take' and 'a:' or 'r:') .. agent
-end
 local h = redis.call('HMGET', key, 't', 'l', 'x', 'f', 'c', rec_field or 't')
 local tokens, last, expiry, frac = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4]) or 0
 local compete_until = tonumber(h[5])
@@ -290,20 +231,10 @@ if op == 'take' then
       compete_until = last + FRESH * ttl -- last < 2^52, ttl <= 30000
     end
   end
-  -- State.TakeShare (nothing to take when the request only hands a lease back)
-  local capped = want
-  if share < WHOLE then
-    local part = idiv(tokens, WHOLE) * share -- <= tokens*share/1000 <= tokens
-      + idiv((tokens - idiv(tokens, WHOLE) * WHOLE) * share, WHOLE) -- < 1000*1000
-    capped = math.min(want, math.max(least, part))
-  end
-  if want == 0 then
-    granted = 0
-  elseif tokens >= least then
-    granted = math.min(capped, tokens)
-    if granted < want and unit > 1 then
-      granted = math.max(least, idiv(granted, unit) * unit) -- <= granted
-    end
+  -- State.TakeShare (common.lua)
+  local g = take_share(tokens, want, share)
+  if g then
+    granted = g
     tokens = tokens - granted
   elseif least > capacity or num == 0 then
     retry = NEVER
@@ -370,29 +301,14 @@ elseif expiry then
   end
 end
 
--- Sweep: once the key holds more than max_records records, drop those older than record_keep on
--- the key clock. The loop walks only this key's own fields: the records of agents active within
--- record_keep plus at most max_records older ones.
-if rec_field then
-  local records = redis.call('HLEN', key) - 3 -- t, l, f
-  if has_expiry then
-    records = records - 1
-  end
-  if compete_until then
-    records = records - 1
-  end
-  if records > max_records then
-    local all = redis.call('HGETALL', key)
-    for i = 1, #all, 2 do
-      local prefix = string.sub(all[i], 1, 2)
-      if prefix == 'a:' or prefix == 'r:' then
-        local at = tonumber(string.match(all[i + 1], '(%S+)$'))
-        if last - at > record_keep then
-          redis.call('HDEL', key, all[i])
-        end
-      end
-    end
-  end
+-- Sweep (common.lua): besides the records, the key holds t, l, f, and x and c when it has them.
+local fixed = 3
+if has_expiry then
+  fixed = fixed + 1
 end
+if compete_until then
+  fixed = fixed + 1
+end
+sweep(fixed, last)
 
 return {granted, tokens, retry, last, 0, credited, pace}

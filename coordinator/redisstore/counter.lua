@@ -23,60 +23,16 @@
 --
 -- Numbers are IEEE doubles. Every value is an integer of magnitude at most 2^53 - 1 (the quota,
 -- amounts and times are at most 2^52, checked by the coordinator): only comparisons, additions
--- and subtractions of them, and the permille split of bucket.lua, which stays below 2^53.
+-- and subtractions of them, and the permille split of common.lua, which stays below 2^53.
+--
+-- common.lua, prepended to this script, reads ARGV 1 and 6..17 and defines idiv, int, now,
+-- rec_field, take_share and sweep.
 
-local key = KEYS[1]
-local op = ARGV[1]
 local quota = tonumber(ARGV[2])
 local w_start = tonumber(ARGV[3])
 local w_end = tonumber(ARGV[4])
 local w_next = tonumber(ARGV[5])
-local want = tonumber(ARGV[6]) -- take: microtokens wanted; return: microtokens returned
-local least = tonumber(ARGV[7]) -- take: minimum grant; return: the lease's grant time (ms)
-local share = tonumber(ARGV[8]) -- take: permille cap of the grant
-local agent = ARGV[9]
-local seq = tonumber(ARGV[10])
-local injected = ARGV[11] ~= '' -- a test or simulator clock: no PEXPIRE, it is not wall time
-local record_keep = tonumber(ARGV[12])
-local max_records = tonumber(ARGV[13])
-local expiry_margin = tonumber(ARGV[14])
-local unit = tonumber(ARGV[15]) -- take: grants cut below want are whole multiples of it
-local ret_amount = tonumber(ARGV[16]) -- take: unspent µ of a lease handed back first
-local ret_granted_at = tonumber(ARGV[17]) -- take: that lease's grant time (ms)
 
-local WHOLE = 1000 -- bucket.WholeShare
-local NEVER = -1 -- bucket.Never
-local REPLAYED, STALE = 1, 2
-
--- floor(a / b) for integers 0 <= a, 1 <= b below 2^53, exactly (bucket.lua's idiv).
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then
-    q = q - 1
-  elseif r >= b then
-    q = q + 1
-  end
-  return q
-end
-
-local function int(x)
-  return string.format('%d', x)
-end
-
-local now
-if injected then
-  now = tonumber(ARGV[11])
-else
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000 -- seconds since 1970 * 1000 < 2^53 for another 285,000 years
-    + idiv(tonumber(time[2]), 1000)
-end
-
-local rec_field = nil
-if agent ~= '' then
-  rec_field = (op == 'take' and 'a:' or 'r:') .. agent
-end
 local h = redis.call('HMGET', key, 't', 'l', 'p', 'x', rec_field or 't')
 local tokens, last, period, expiry = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4])
 local record = rec_field and h[5] or nil
@@ -141,21 +97,10 @@ if op == 'take' then
   if ret_amount > 0 then
     credited = credit(ret_amount, ret_granted_at)
   end
-  -- Counter.Take: State.TakeShare without a refill (nothing to take when the request only hands
-  -- a lease back)
-  local capped = want
-  if share < WHOLE then
-    local part = idiv(tokens, WHOLE) * share -- <= tokens*share/1000 <= tokens
-      + idiv((tokens - idiv(tokens, WHOLE) * WHOLE) * share, WHOLE) -- < 1000*1000
-    capped = math.min(want, math.max(least, part))
-  end
-  if want == 0 then
-    granted = 0
-  elseif tokens >= least then
-    granted = math.min(capped, tokens)
-    if granted < want and unit > 1 then
-      granted = math.max(least, idiv(granted, unit) * unit) -- <= granted
-    end
+  -- Counter.Take: State.TakeShare without a refill (common.lua)
+  local g = take_share(tokens, want, share)
+  if g then
+    granted = g
     tokens = tokens - granted
   elseif least > quota then
     retry = NEVER
@@ -182,21 +127,7 @@ if not injected then
   redis.call('PEXPIRE', key, int(new_expiry - now)) -- > expiry_margin: now <= last < p_end
 end
 
--- Sweep, as in bucket.lua: fields t, l, p, x and the records.
-if rec_field then
-  local records = redis.call('HLEN', key) - 4
-  if records > max_records then
-    local all = redis.call('HGETALL', key)
-    for i = 1, #all, 2 do
-      local prefix = string.sub(all[i], 1, 2)
-      if prefix == 'a:' or prefix == 'r:' then
-        local at = tonumber(string.match(all[i + 1], '(%S+)$'))
-        if last - at > record_keep then
-          redis.call('HDEL', key, all[i])
-        end
-      end
-    end
-  end
-end
+-- Sweep (common.lua): besides the records, the key holds t, l, p and x.
+sweep(4, last)
 
 return {granted, tokens, retry, last, 0, credited, 0}

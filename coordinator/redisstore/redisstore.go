@@ -38,13 +38,24 @@ import (
 	"github.com/leasebucket/leasebucket/internal/lease"
 )
 
+// commonLua is what the bucket and counter scripts share (their common arguments, exact integer
+// helpers, the clock, the share of a take, the sweep of records); each script is it followed by
+// its own text, one self-contained EVAL.
+//
+//go:embed common.lua
+var commonLua string
+
 //go:embed bucket.lua
-var bucketLua string
+var bucketBody string
+
+var bucketLua = commonLua + bucketBody
 
 var script = redis.NewScript(bucketLua)
 
 //go:embed counter.lua
-var counterLua string
+var counterBody string
+
+var counterLua = commonLua + counterBody
 
 // counterScript runs the requests on calendar counters (those with a Period).
 var counterScript = redis.NewScript(counterLua)

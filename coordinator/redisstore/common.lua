@@ -1,0 +1,115 @@
+-- common.lua: what bucket.lua and counter.lua share. redisstore.go prepends it to each, so each
+-- script is still one self-contained EVAL touching KEYS[1] only. It reads the arguments both take
+-- alike (ARGV 1 and 6..17, see either script's header) and defines the exact integer helpers, the
+-- clock, the field of the calling agent's idempotency record, a take's share of the tokens and the
+-- sweep of old records. Numbers follow bucket.lua's header: integers below 2^53, no division but
+-- idiv, written with %d.
+
+local key = KEYS[1]
+local op = ARGV[1]
+local want = tonumber(ARGV[6]) -- take: microtokens wanted; return: microtokens returned
+local least = tonumber(ARGV[7]) -- take: minimum grant; return: the lease's grant time (ms)
+local share = tonumber(ARGV[8]) -- take: permille cap of the grant
+local agent = ARGV[9]
+local seq = tonumber(ARGV[10])
+local injected = ARGV[11] ~= '' -- a test or simulator clock: no PEXPIRE, it is not wall time
+local record_keep = tonumber(ARGV[12])
+local max_records = tonumber(ARGV[13])
+local expiry_margin = tonumber(ARGV[14])
+local unit = tonumber(ARGV[15]) -- take: grants cut below want are whole multiples of it
+local ret_amount = tonumber(ARGV[16]) -- take: unspent µ of a lease handed back first
+local ret_granted_at = tonumber(ARGV[17]) -- take: that lease's grant time (ms)
+
+local WHOLE = 1000 -- bucket.WholeShare
+local NEVER = -1 -- bucket.Never
+local REPLAYED, STALE = 1, 2
+
+-- floor(a / b) for integers 0 <= a <= 2^53 - 1 and 1 <= b <= 2^53 - 1, exactly. Float division
+-- rounds, and a quotient just below an integer could round up to it; the true quotient is
+-- representable and rounding is monotonic, so floor(a / b) is the true quotient or one more. One
+-- more makes q*b exceed a (a product past 2^53 rounds to at least 2^53, still above a), which
+-- a - q*b < 0 detects; otherwise q*b <= a is exact. (Under round-to-nearest, rounding up needs
+-- a >= 2^53 - 1, which no argument here reaches; the check keeps the helper exact regardless.)
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q = q - 1
+  elseif r >= b then
+    q = q + 1
+  end
+  return q
+end
+
+-- ceil(a / b) for 0 <= a, 1 <= b, without forming a + b - 1 (bucket.ceilDiv).
+local function ceil_div(a, b)
+  local q = idiv(a, b)
+  if q * b ~= a then -- q*b <= a: exact
+    q = q + 1
+  end
+  return q
+end
+
+local function int(x)
+  return string.format('%d', x)
+end
+
+-- now: the injected clock, or Redis TIME in milliseconds.
+local now
+if injected then
+  now = tonumber(ARGV[11])
+else
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000 -- seconds since 1970 * 1000 < 2^53 for another 285,000 years
+    + idiv(tonumber(time[2]), 1000)
+end
+
+-- The calling agent's record of its last take or return (coordinator.OpID); nil when the call is
+-- not idempotent.
+local rec_field = nil
+if agent ~= '' then
+  rec_field = (op == 'take' and 'a:' or 'r:') .. agent
+end
+
+-- State.TakeShare on tokens already refilled: the grant of a take of want, at least least, capped at
+-- share/1000 of tokens (never below least) and, when cut below want, in whole units; 0 when the
+-- request only hands a lease back (want 0); nil when tokens hold less than least.
+local function take_share(tokens, want, share)
+  if want == 0 then
+    return 0
+  end
+  if tokens < least then
+    return nil
+  end
+  local capped = want
+  if share < WHOLE then
+    local part = idiv(tokens, WHOLE) * share -- <= tokens*share/1000 <= tokens
+      + idiv((tokens - idiv(tokens, WHOLE) * WHOLE) * share, WHOLE) -- < 1000*1000
+    capped = math.min(want, math.max(least, part))
+  end
+  local granted = math.min(capped, tokens)
+  if granted < want and unit > 1 then
+    granted = math.max(least, idiv(granted, unit) * unit) -- <= granted
+  end
+  return granted
+end
+
+-- Sweep: once the key holds more than max_records records besides its fixed fields, drop those
+-- older than record_keep on the key clock last. The loop walks only this key's own fields: the
+-- records of agents active within record_keep plus at most max_records older ones.
+local function sweep(fixed, last)
+  if not rec_field or redis.call('HLEN', key) - fixed <= max_records then
+    return
+  end
+  local all = redis.call('HGETALL', key)
+  for i = 1, #all, 2 do
+    local prefix = string.sub(all[i], 1, 2)
+    if prefix == 'a:' or prefix == 'r:' then
+      local at = tonumber(string.match(all[i + 1], '(%S+)$'))
+      if last - at > record_keep then
+        redis.call('HDEL', key, all[i])
+      end
+    end
+  end
+end
+
