@@ -240,28 +240,27 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 
 // recordTake keeps rec as op's agent's last Take on the key and sweeps old records.
 func (e *entry) recordTake(op coordinator.OpID, rec takeRecord) {
-	if e.takes == nil {
-		e.takes = make(map[string]takeRecord, 1)
-	}
-	if _, ok := e.takes[op.Agent]; ok {
-		e.takes[op.Agent] = rec
-	} else {
-		e.takes[strings.Clone(op.Agent)] = rec
-	}
+	keepRecord(&e.takes, op.Agent, rec)
 	e.sweepRecords()
 }
 
 // recordReturn keeps rec as op's agent's last Return on the key and sweeps old records.
 func (e *entry) recordReturn(op coordinator.OpID, rec returnRecord) {
-	if e.returns == nil {
-		e.returns = make(map[string]returnRecord, 1)
-	}
-	if _, ok := e.returns[op.Agent]; ok {
-		e.returns[op.Agent] = rec
-	} else {
-		e.returns[strings.Clone(op.Agent)] = rec
-	}
+	keepRecord(&e.returns, op.Agent, rec)
 	e.sweepRecords()
+}
+
+// keepRecord sets agent's record in *m, allocating the map and a copy of the agent's id (it may
+// point into a request) only when they are new.
+func keepRecord[R any](m *map[string]R, agent string, rec R) {
+	if *m == nil {
+		*m = make(map[string]R, 1)
+	}
+	if _, ok := (*m)[agent]; ok {
+		(*m)[agent] = rec
+	} else {
+		(*m)[strings.Clone(agent)] = rec
+	}
 }
 
 // counterOf is the calendar counter held by e, or a fresh one when e is nil (counter.lua's
