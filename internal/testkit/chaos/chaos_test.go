@@ -50,16 +50,19 @@ func binaries(t *testing.T) chaos.Binaries {
 // key offered about twice its rate, and enough new tenants (churn) that each agent's lease table
 // passes its --max-keys of 1024 within the run; the long tail (2000 tenants, each back on an agent
 // every 67 s and on some agent every 22 s, while its lease lives 500 ms) and the direct rule's key
-// offered 90 checks a second against its 50/s; beside them, each agent's Envoy-faithful quota
-// filter decides 100 requests a second for two tenants of the quota rule (40/s each): far above.
+// offered 90 checks a second against its 50/s; the multi rule's three tenants offered 30, 20 and
+// 10 checks a second against its per-second limit of 20/s and its tenant budget of 10/s; beside
+// them, each agent's Envoy-faithful quota filter decides 100 requests a second for two tenants of
+// the quota rule (40/s each): far above.
 var shortLoad = chaos.LoadConfig{Hot: 65, Cold: 35, ColdTenants: 200, Churn: 30, Closed: 10, Emergency: 10, Ledger: 10,
-	Tail: 30, TailTenants: 2000, Direct: 30, EnvoyEvery: 5, IdemEvery: 4, Quota: 100, QuotaTenants: 2}
+	Tail: 30, TailTenants: 2000, Direct: 30, Multi: 20, MultiTenants: 3, EnvoyEvery: 5, IdemEvery: 4, Quota: 100, QuotaTenants: 2}
 
 // fullLoad is the load of `make chaos` and `make soak`, per agent: with 5 agents the long tail is
-// 200 checks a second over 4000 tenants (each back on an agent every 100 s) and the direct key is
-// offered three times its rate; with 3 (the Cluster run, the soak), 120 over 4000 and 1.8 times.
+// 200 checks a second over 4000 tenants (each back on an agent every 100 s), the direct key is
+// offered three times its rate and the multi rule's tenants 50, 33 and 17 checks a second; with 3
+// (the Cluster run, the soak), 120 over 4000, 1.8 times, and 30, 20 and 10.
 var fullLoad = chaos.LoadConfig{Hot: 50, Cold: 40, ColdTenants: 300, Churn: 25, Closed: 10, Emergency: 10, Ledger: 10,
-	Tail: 40, TailTenants: 4000, Direct: 30, EnvoyEvery: 5, IdemEvery: 4, Quota: 200, QuotaTenants: 3}
+	Tail: 40, TailTenants: 4000, Direct: 30, Multi: 20, MultiTenants: 3, EnvoyEvery: 5, IdemEvery: 4, Quota: 200, QuotaTenants: 3}
 
 func report(t *testing.T, rep *chaos.Report) {
 	t.Helper()
@@ -127,12 +130,13 @@ func (o overGrant) Take(ctx context.Context, reqs []coordinator.TakeRequest) ([]
 // must report the admission bound broken on the hot key, on the direct rule's key (its checks
 // are served the surplus of over-granted takes, and the rest is handed back and credited: the
 // bucket is refilled with tokens it never held), and on the quota key (what Envoy-faithful
-// filters admit from assignments of over-granted leases), and the ledger. A checker that passed
-// this would pass anything.
+// filters admit from assignments of over-granted leases), on the multi rule's per-second limit and
+// its tenant budget (each bucket of a check of several over-granted), and the ledger. A checker
+// that passed this would pass anything.
 func TestOverGrantingRuleIsCaught(t *testing.T) {
 	bin := binaries(t)
 	rep := chaos.Run(t, chaos.Options{Name: "overgrant", Coordinators: 1, Agents: 2, MaxKeys: 1024,
-		Load:   chaos.LoadConfig{Hot: 100, Ledger: 20, Direct: 60, Quota: 300, QuotaTenants: 1},
+		Load:   chaos.LoadConfig{Hot: 100, Ledger: 20, Direct: 60, Quota: 300, QuotaTenants: 1, Multi: 40, MultiTenants: 1},
 		Warmup: 6 * time.Second, SampleEvery: time.Second, Bin: bin, OutDir: *out, Seed: 5,
 		WrapStore: func(s coordinator.Store) coordinator.Store { return overGrant{Store: s, factor: 3} }})
 	t.Log("the broken rule, as the checker reports it:\n" + rep.Summary())
@@ -145,11 +149,15 @@ func TestOverGrantingRuleIsCaught(t *testing.T) {
 			found["quota admission"] = true
 		case v.Check == "admission" && strings.Contains(v.Detail, "|/d/"):
 			found["direct admission"] = true
+		case v.Check == "admission" && strings.Contains(v.Detail, "(bucket multi#2)"):
+			found["multi#2 admission"] = true
+		case v.Check == "admission" && strings.Contains(v.Detail, "(bucket mbudget)"):
+			found["tenant budget admission"] = true
 		case v.Check == "ledger" && strings.Contains(v.Detail, "created"):
 			found["ledger"] = true
 		}
 	}
-	for _, want := range []string{"hot admission", "direct admission", "quota admission", "ledger"} {
+	for _, want := range []string{"hot admission", "direct admission", "quota admission", "multi#2 admission", "tenant budget admission", "ledger"} {
 		if !found[want] {
 			t.Errorf("the checker did not catch the over-granting rule on the %s; violations: %v", want, rep.Violations)
 		}

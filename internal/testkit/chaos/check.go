@@ -43,6 +43,7 @@ type Outage struct {
 // Window is the fullest window the admission check found on a key, for the report.
 type Window struct {
 	Key     string
+	Bucket  string        // the bucket's rule (multi, multi#2, a budget's name)
 	From    time.Duration // since the run's zero
 	Tokens  float64       // allowed in the window
 	Span    time.Duration
@@ -63,20 +64,30 @@ type CheckInput struct {
 	Ledger            *LedgerFacts
 }
 
-// LedgerFacts are the ledger key's state at the end of a run and what the agents said about
-// their leases.
+// LedgerFacts are the state of the ledger keys (the ledger rule's, and the multi rule's first
+// limit of each of its tenants) at the end of a run and what the agents said about their leases.
 type LedgerFacts struct {
-	Capacity bucket.Micro
-	Level    bucket.Micro // the key's tokens in Redis after every agent stopped
-	Refill   bucket.Micro // the most the bucket can have refilled during the run
+	Keys []LedgerLevel
 	// Strandable is the outstanding-lease gauge of every agent killed with SIGKILL, read just
 	// before the kill: what the dead processes may have taken with them (tokens).
 	Strandable float64
-	// Held is the ledger key's own leases in those agents (debug endpoint), for the report.
+	// Held is the ledger keys' own leases in those agents (debug endpoint), for the report.
 	Held float64
 	// Lost is what the agents said they could not return: tokens_lost_total of every process
 	// before it stopped, and what each graceful shutdown logged (tokens).
 	Lost float64
+	// Refunds and RefundsLost are charge_refunds_total and charge_refunds_lost_total of every
+	// process before it stopped: the costs checks of several buckets gave back when one bucket
+	// refused, and of those the costs that stayed spent (their lease was retired in between).
+	Refunds, RefundsLost float64
+}
+
+// LedgerLevel is one ledger key in Redis after every agent stopped.
+type LedgerLevel struct {
+	Key      int // index in Keys
+	Capacity bucket.Micro
+	Level    bucket.Micro // the key's tokens
+	Refill   bucket.Micro // the most the bucket can have refilled during the run
 }
 
 // Result is what the checker found and measured.
@@ -89,10 +100,21 @@ type Result struct {
 	Replays    int // idempotent repeats answered without a charge
 }
 
-// LedgerResult is the ledger's account: granted (net debits in Redis) = spent + stranded.
+// LedgerResult is the ledger's account over every ledger key: granted (net debits in Redis) =
+// spent + stranded.
 type LedgerResult struct {
 	Debited, Spent, Stranded, Bound, Held float64
-	Errors                                int // ledger checks that failed (their cost counts as spent)
+	Errors                                int // checks of a ledger key that failed (their cost counts as spent)
+	Refunds, RefundsLost                  float64
+	Parts                                 []LedgerPart // per key
+}
+
+// LedgerPart is one ledger key's share of the account.
+type LedgerPart struct {
+	Key             string
+	Bucket          string
+	Debited, Spent  float64
+	Denied, Allowed int // checks of the key refused and allowed (for a key charged with others: what refunds come from)
 }
 
 // OutageResult measures one outage from the clients' side.
@@ -111,11 +133,17 @@ type OutageResult struct {
 // Check runs every check of the records.
 func Check(in CheckInput) Result {
 	var res Result
+	// byKey: the records of every check that charges the key — its own, and those of the keys
+	// whose checks charge it too (an allow spent from every bucket of its check; a refusal from
+	// none).
 	byKey := make([][]*Record, len(in.Keys.List))
 	for i := range in.Records {
 		r := &in.Records[i]
 		if r.Key >= 0 {
 			byKey[r.Key] = append(byKey[r.Key], r)
+			for _, c := range in.Keys.List[r.Key].Charges {
+				byKey[c] = append(byKey[c], r)
+			}
 		}
 	}
 	for _, k := range in.Keys.List {
@@ -204,7 +232,8 @@ func ratePerSecond(l bucket.Limit) float64 {
 
 // checkAdmission: the tokens allowed by all agents on a key in any window of length w are at
 // most C + r·(w + τ) (I6 of docs/design.md, proved in docs/leases.md), plus the clock slack. A
-// direct key (lease: off) has τ = 0: C + r·w.
+// direct key (lease: off) has τ = 0: C + r·w. recs are every check that charges the key: a
+// bucket charged with others keeps its own bound, with its own C, r and τ.
 func checkAdmission(k *Key, recs []*Record) (Window, []Violation) {
 	var spends []spend
 	for _, r := range recs {
@@ -214,15 +243,15 @@ func checkAdmission(k *Key, recs []*Record) (Window, []Violation) {
 	}
 	capacity := tokensOf(k.Limit.Capacity())
 	over, w := fullestWindow(spends, capacity, ratePerSecond(k.Limit), k.Tau)
-	w.Key, w.Allowed = k.Name, len(spends)
+	w.Key, w.Bucket, w.Allowed = k.Name, k.Rule.Name, len(spends)
 	if over > 1e-9 {
 		bound := "C + r·(w + τ)"
 		if k.Rule.Direct {
 			bound = "C + r·w (lease: off)"
 		}
 		return w, []Violation{{Check: "admission", Detail: fmt.Sprintf(
-			"key %s: %.0f tokens allowed within %v from %v, bound %s = %.2f (C = %.0f, r = %g/s, τ = %v, with slack)",
-			k.Name, w.Tokens, w.Span.Round(time.Millisecond), w.From.Round(time.Millisecond), bound, w.Bound, capacity, ratePerSecond(k.Limit), k.Tau)}}
+			"key %s (bucket %s): %.0f tokens allowed within %v from %v, bound %s = %.2f (C = %.0f, r = %g/s, τ = %v, with slack)",
+			k.Name, k.Rule.Name, w.Tokens, w.Span.Round(time.Millisecond), w.From.Round(time.Millisecond), bound, w.Bound, capacity, ratePerSecond(k.Limit), k.Tau)}}
 	}
 	return w, nil
 }
@@ -264,7 +293,9 @@ func checkEmergency(k *Key, recs []*Record) ([]Window, []Violation) {
 // the moment its Acquire was sent, which was before). So a check sent τ (plus slack) or more
 // into the outage and answered before it ended is answered by the route's failure mode: a
 // fail-closed route never allows (503 with its Retry-After, or a cached deny), an emergency
-// route allows only degraded.
+// route allows only degraded. A check of several buckets is allowed only by a live lease of
+// each: its τ is the shortest of the buckets the outage cuts off (an allow after it charged
+// every bucket but that one).
 func checkOutage(in CheckInput, o Outage) (OutageResult, []Violation) {
 	res := OutageResult{Step: o.Step, Duration: o.To - o.From}
 	nodes := map[int]int{} // key ID → node
@@ -279,6 +310,19 @@ func checkOutage(in CheckInput, o Outage) (OutageResult, []Violation) {
 		}
 		return slices.Contains(o.Nodes, n)
 	}
+	// cutTau is the shortest τ of the buckets of k's checks that the outage cuts off; cut is
+	// false when it cuts none of them.
+	cutTau := func(k *Key) (tau time.Duration, cut bool) {
+		if affected(k) {
+			tau, cut = k.Tau, true
+		}
+		for _, c := range k.Charges {
+			if b := in.Keys.List[c]; affected(b) && (!cut || b.Tau < tau) {
+				tau, cut = b.Tau, true
+			}
+		}
+		return tau, cut
+	}
 	cold := in.Keys.Set.Rule("cold")
 	var vs []Violation
 	firstAllow := map[int8]time.Duration{}
@@ -288,8 +332,9 @@ func checkOutage(in CheckInput, o Outage) (OutageResult, []Violation) {
 		var tau time.Duration
 		if r.Key >= 0 {
 			k := in.Keys.List[r.Key]
-			if !affected(k) {
-				if r.Sent >= o.From+k.Tau+fixedSlack && r.Recv <= o.To && r.Outcome != OutError {
+			t, cut := cutTau(k)
+			if !cut {
+				if r.Sent >= o.From+shortestTau(in.Keys, k)+fixedSlack && r.Recv <= o.To && r.Outcome != OutError {
 					res.Others++
 					if r.Outcome == OutUnavailable || r.Degraded {
 						res.OthersFailed++
@@ -297,7 +342,7 @@ func checkOutage(in CheckInput, o Outage) (OutageResult, []Violation) {
 				}
 				continue
 			}
-			rule, tau = k.Rule, k.Tau
+			rule, tau = k.Rule, t
 		} else {
 			if o.Nodes != nil {
 				continue // churn keys are spread over every node
@@ -344,14 +389,21 @@ func checkOutage(in CheckInput, o Outage) (OutageResult, []Violation) {
 	}
 	// The failure mode must show: a fail-closed key answered unavailable and an emergency key
 	// allowed degraded, whenever their checks fell in the outage.
-	var closedChecks, emergencyChecks, emergencyDegraded int
+	var closedChecks, emergencyChecks, emergencyDegraded, multiChecks, multiUnavailable int
 	for i := range in.Records {
 		r := &in.Records[i]
-		if r.Key < 0 || r.Outcome == OutError || r.Sent < o.From+in.Keys.List[r.Key].Tau+fixedSlack || r.Recv > o.To ||
-			!affected(in.Keys.List[r.Key]) {
+		if r.Key < 0 || r.Outcome == OutError || r.Recv > o.To {
+			continue
+		}
+		if tau, cut := cutTau(in.Keys.List[r.Key]); !cut || r.Sent < o.From+tau+fixedSlack {
 			continue
 		}
 		switch r.Kind {
+		case KindMulti:
+			multiChecks++
+			if r.Outcome == OutUnavailable {
+				multiUnavailable++
+			}
 		case KindClosed:
 			closedChecks++
 		case KindEmergency:
@@ -364,6 +416,10 @@ func checkOutage(in CheckInput, o Outage) (OutageResult, []Violation) {
 	if closedChecks > 0 && res.Unavailable == 0 {
 		vs = append(vs, Violation{Check: "failure-mode", Detail: fmt.Sprintf(
 			"%s: %d fail-closed checks in the outage, none answered unavailable", o.Step, closedChecks)})
+	}
+	if multiChecks > 0 && multiUnavailable == 0 {
+		vs = append(vs, Violation{Check: "failure-mode", Detail: fmt.Sprintf(
+			"%s: %d checks of several buckets in the outage, none answered unavailable", o.Step, multiChecks)})
 	}
 	if emergencyChecks > 0 && emergencyDegraded == 0 {
 		vs = append(vs, Violation{Check: "failure-mode", Detail: fmt.Sprintf(
@@ -420,48 +476,68 @@ func checkIdempotency(in CheckInput) (replays int, vs []Violation) {
 	return replays, vs
 }
 
-// checkLedger: the ledger key barely refills, so Redis' level says what was granted (net of
-// returns): debited = C − level, up to the refill. Every token debited was spent by an allow a
-// client saw, or is stranded: held by an agent killed with SIGKILL, or in a return that failed.
-// So spent ≤ debited (+ refill) — an agent never admits more than it was granted — and
-// stranded = debited − spent ≤ the killed agents' outstanding leases + the returns the agents
-// said they lost (+ the cost of ledger checks whose answer the client never saw, and one token
-// for the decay of returned leases and the refill).
+// checkLedger: a ledger key barely refills, so Redis' level says what was granted (net of
+// returns): debited = C − level, up to the refill. The ledger keys are the ledger rule's and the
+// multi rule's first limit of each tenant, a bucket every check of the rule spends from before
+// its other buckets can refuse (it comes first), so a refused check gives its cost back there.
+// Every token debited was spent by an allow a client saw, or is stranded: held by an agent
+// killed with SIGKILL, in a return that failed, or in a refund that could not be made (the
+// lease was retired in between; the agents count those). So, per key, spent ≤ debited
+// (+ refill) — an agent never admits more than it was granted — and over the ledger keys
+// together, stranded = debited − spent ≤ the killed agents' outstanding leases + the returns
+// the agents said they lost + the refunds they said they lost (+ the cost of checks whose
+// answer the client never saw, and one token for the decay of returned leases and the
+// refill). A refused check that left its cost spent in the ledger bucket (a partial charge)
+// is a token debited that no allow spent and nothing accounts for: with thousands of refunds a
+// run, a partial charge of even a small share of them passes the bound. (The agents' counters
+// span every key, so the bound is taken over every ledger key at once.)
 func checkLedger(in CheckInput, byKey [][]*Record) (LedgerResult, []Violation) {
 	f := in.Ledger
-	var spent, unknown float64
-	var errs int
-	for _, r := range byKey[ledgerKeyID(in.Keys)] {
-		switch {
-		case r.Spends():
-			spent += float64(r.Cost)
-		case r.Outcome == OutError:
-			errs++
-			unknown += float64(r.Cost)
-		}
-	}
-	debited := tokensOf(f.Capacity - f.Level)
-	res := LedgerResult{Debited: debited, Spent: spent, Stranded: debited - spent, Held: f.Held, Errors: errs,
-		Bound: f.Strandable + f.Lost + unknown + 1}
+	res := LedgerResult{Held: f.Held, Refunds: f.Refunds, RefundsLost: f.RefundsLost}
+	var unknown, maxCost float64
 	var vs []Violation
-	if spent > debited+tokensOf(f.Refill) {
-		vs = append(vs, Violation{Check: "ledger", Detail: fmt.Sprintf(
-			"agents allowed %.0f tokens of the ledger key, but only %.6f were debited in Redis (refill at most %.6f): tokens were created",
-			spent, debited, tokensOf(f.Refill))})
+	for _, lv := range f.Keys {
+		k := in.Keys.List[lv.Key]
+		p := LedgerPart{Key: k.Name, Bucket: k.Rule.Name, Debited: tokensOf(lv.Capacity - lv.Level)}
+		for _, r := range byKey[k.ID] {
+			switch {
+			case r.Spends():
+				p.Spent += float64(r.Cost)
+				p.Allowed++
+			case r.Outcome == OutError:
+				res.Errors++
+				unknown += float64(r.Cost)
+			case r.Outcome == OutDeny || r.Outcome == OutUnavailable:
+				p.Denied++
+			}
+		}
+		if len(k.Charges) > 0 {
+			maxCost = max(maxCost, float64(k.Cost))
+		}
+		if p.Spent > p.Debited+tokensOf(lv.Refill) {
+			vs = append(vs, Violation{Check: "ledger", Detail: fmt.Sprintf(
+				"agents allowed %.0f tokens of the ledger key %s (bucket %s), but only %.6f were debited in Redis (refill at most %.6f): tokens were created",
+				p.Spent, k.Name, k.Rule.Name, p.Debited, tokensOf(lv.Refill))})
+		}
+		res.Debited += p.Debited
+		res.Spent += p.Spent
+		res.Parts = append(res.Parts, p)
 	}
+	res.Stranded = res.Debited - res.Spent
+	res.Bound = f.Strandable + f.Lost + f.RefundsLost*maxCost + unknown + 1
 	if res.Stranded > res.Bound {
 		vs = append(vs, Violation{Check: "ledger", Detail: fmt.Sprintf(
-			"%.6f tokens debited but neither spent nor returned, more than the killed agents held (%.0f) plus the returns they lost (%.6f) and %d unanswered checks",
-			res.Stranded, f.Strandable, f.Lost, errs)})
+			"%.6f tokens of %d ledger keys debited but neither spent nor returned, more than the killed agents held (%.0f) plus the returns they lost (%.6f), the refunds they lost (%.0f) and %d unanswered checks: a check refused spent tokens, or tokens were lost",
+			res.Stranded, len(f.Keys), f.Strandable, f.Lost, f.RefundsLost, res.Errors)})
 	}
 	return res, vs
 }
 
-func ledgerKeyID(ks *Keys) int {
-	for _, k := range ks.List {
-		if k.Kind == KindLedger {
-			return k.ID
-		}
+// shortestTau is the shortest τ of the buckets a check of k charges.
+func shortestTau(ks *Keys, k *Key) time.Duration {
+	tau := k.Tau
+	for _, c := range k.Charges {
+		tau = min(tau, ks.List[c].Tau)
 	}
-	return -1
+	return tau
 }

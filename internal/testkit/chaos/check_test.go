@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,7 @@ func testKeys(t *testing.T) (*Keys, map[Kind]*Key) {
 		{KindCold, coldTenant(0), coldPath(1), "GET"},
 		{KindTail, tailTenant(0), tailPath(1), "GET"},
 		{KindDirect, directTenant(), directPath(1), "GET"},
+		{KindMulti, multiTenant(0), multiPath(1), multiOp()},
 	} {
 		key, err := ks.Add(k.kind, k.tenant, k.path, k.op)
 		if err != nil {
@@ -262,11 +264,9 @@ func TestIdempotency(t *testing.T) {
 func TestLedger(t *testing.T) {
 	ks, k := testKeys(t)
 	l := k[KindLedger]
-	capacity := l.Limit.Capacity()
 	spent := allows(l, 100, 0, ms(10)) // 100 tokens
 	facts := func(debited, strandable, lost float64) *LedgerFacts {
-		return &LedgerFacts{Capacity: capacity, Level: capacity - bucket.Micro(debited*float64(bucket.PerToken)),
-			Refill: 1, Strandable: strandable, Lost: lost}
+		return &LedgerFacts{Keys: []LedgerLevel{ledgerLevel(l, debited)}, Strandable: strandable, Lost: lost}
 	}
 	for _, tc := range []struct {
 		name      string
@@ -287,6 +287,170 @@ func TestLedger(t *testing.T) {
 				t.Fatalf("blamed: %v", vs)
 			case tc.violation != "" && (len(vs) == 0 || !strings.Contains(vs[0].Detail, tc.violation)):
 				t.Fatalf("got %v, want a violation saying %q", vs, tc.violation)
+			}
+		})
+	}
+}
+
+// ledgerLevel is key k's level in Redis after debited tokens were taken from it.
+func ledgerLevel(k *Key, debited float64) LedgerLevel {
+	c := k.Limit.Capacity()
+	return LedgerLevel{Key: k.ID, Capacity: c, Level: c - bucket.Micro(debited*float64(bucket.PerToken)), Refill: 1}
+}
+
+// multiBuckets returns the multi route's key and the other buckets its checks charge, by rule.
+func multiBuckets(t *testing.T, ks *Keys, m *Key) map[string]*Key {
+	t.Helper()
+	bs := map[string]*Key{}
+	for _, b := range m.Buckets(ks) {
+		bs[b.Rule.Name] = b
+	}
+	if len(bs) != 3 || bs["multi"] != m || bs["multi#2"] == nil || bs["mbudget"] == nil {
+		t.Fatalf("the multi route charges %v, want multi, multi#2 and mbudget", bs)
+	}
+	return bs
+}
+
+func withOutcome(rs []Record, o Outcome) []Record {
+	for i := range rs {
+		rs[i].Outcome = o
+	}
+	return rs
+}
+
+// A check of several buckets counts against each of them when allowed, and against none when
+// refused: each bucket is held to its own bound with its own C, r and τ.
+func TestMultiAdmission(t *testing.T) {
+	ks, k := testKeys(t)
+	m := k[KindMulti]
+	bs := multiBuckets(t, ks, m)
+	// multi: the ledger (C = 200000); multi#2: C = 10, r = 20/s, τ = 200 ms (14 at once, 14 + 20·w);
+	// mbudget: C = 100, r = 10/s, τ = 2.5 s (125 at once, 125 + 10·w).
+	if bs["multi#2"].Tau != 200*time.Millisecond || bs["mbudget"].Tau != 2500*time.Millisecond {
+		t.Fatalf("τ of multi#2 %v, of mbudget %v; the cases below assume 200 ms and 2.5 s", bs["multi#2"].Tau, bs["mbudget"].Tau)
+	}
+	for _, tc := range []struct {
+		name    string
+		records []Record
+		broken  []string // the buckets whose bound is broken
+	}{
+		{"within every bound: 14 at once, then 10/s for 10 s", append(allows(m, 14, 0, 0), allows(m, 100, ms(100), ms(100))...), nil},
+		{"one more than multi#2's C + r·τ at once", allows(m, 15, 0, 0), []string{"multi#2"}},
+		{"19/s for 20 s: within multi#2, beyond the budget", allows(m, 380, 0, ms(1000/19)), []string{"mbudget"}},
+		{"refusals charge nothing", append(allows(m, 14, 0, 0), withOutcome(allows(m, 1000, 0, 0), OutDeny)...), nil},
+		{"failure-mode answers charge nothing", append(allows(m, 14, 0, 0), withOutcome(allows(m, 1000, 0, 0), OutUnavailable)...), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := Check(CheckInput{Keys: ks, Records: tc.records})
+			var got []string
+			for _, v := range violations(res, "admission") {
+				for name, b := range bs {
+					if strings.Contains(v.Detail, b.Name+" (bucket "+name+")") {
+						got = append(got, name)
+					}
+				}
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, tc.broken) {
+				t.Fatalf("bounds broken on %v, want %v (%v)", got, tc.broken, res.Violations)
+			}
+			if len(res.Violations) != len(tc.broken) {
+				t.Fatalf("violations %v, want one on each of %v", res.Violations, tc.broken)
+			}
+		})
+	}
+}
+
+// The ledger account over the ledger rule's key and the multi rule's first limit: a refused
+// check that left its cost spent in the first limit (a partial charge) is debited in Redis and
+// accounted for by nothing the agents said.
+func TestMultiLedger(t *testing.T) {
+	ks, k := testKeys(t)
+	l, m := k[KindLedger], k[KindMulti]
+	// 50 ledger allows; 100 multi allows and 300 refusals of the multi route (multi#2 or the
+	// budget refused: the first limit, spent first, had to be given back).
+	records := append(allows(l, 50, 0, ms(10)), allows(m, 100, 0, ms(10))...)
+	records = append(records, withOutcome(allows(m, 200, ms(5), ms(10)), OutDeny)...)
+	records = append(records, withOutcome(allows(m, 100, ms(7), ms(10)), OutUnavailable)...)
+	type facts struct{ ledger, multi, strandable, refundsLost float64 }
+	for _, tc := range []struct {
+		name      string
+		f         facts
+		violation string
+	}{
+		{"exact: only the allows are debited", facts{50, 100, 0, 0}, ""},
+		{"30 refusals left their cost in the first limit", facts{50, 130, 0, 0}, "neither spent nor returned"},
+		{"30 refunds the agents counted as lost", facts{50, 130, 0, 30}, ""},
+		{"a killed agent held 30 of the first limit", facts{50, 130, 30, 0}, ""},
+		// The agents' counters span every key: the bound is over the ledger keys together, so 30
+		// held of the ledger rule's key leave no room for 30 partial charges of the multi rule.
+		{"30 held of the ledger key, 30 partial charges", facts{80, 130, 30, 0}, "neither spent nor returned"},
+		{"10 allows of the multi rule with nothing debited", facts{50, 90, 0, 0}, "created"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := Check(CheckInput{Keys: ks, Records: records, Ledger: &LedgerFacts{
+				Keys:       []LedgerLevel{ledgerLevel(l, tc.f.ledger), ledgerLevel(m, tc.f.multi)},
+				Strandable: tc.f.strandable, RefundsLost: tc.f.refundsLost}})
+			vs := violations(res, "ledger")
+			switch {
+			case tc.violation == "" && len(vs) > 0:
+				t.Fatalf("blamed: %v", vs)
+			case tc.violation != "" && (len(vs) != 1 || !strings.Contains(vs[0].Detail, tc.violation)):
+				t.Fatalf("got %v, want one violation saying %q", vs, tc.violation)
+			}
+			if len(res.Ledger.Parts) != 2 || res.Ledger.Parts[1].Spent != 100 || res.Ledger.Parts[1].Denied != 300 {
+				t.Fatalf("parts %+v, want the multi rule's first limit with 100 spent and 300 refused", res.Ledger.Parts)
+			}
+		})
+	}
+}
+
+// In an outage a check of several buckets can be allowed only while every bucket the outage
+// cuts off still has a live lease: until the shortest τ among them.
+func TestMultiOutage(t *testing.T) {
+	ks, k := testKeys(t)
+	m := k[KindMulti]
+	bs := multiBuckets(t, ks, m)
+	outage := Outage{Step: "test", From: ms(1000), To: ms(3000)}
+	answer := func(sent time.Duration, o Outcome, retry time.Duration) Record {
+		return Record{Sent: sent, Recv: sent + ms(1), Key: int32(m.ID), Kind: KindMulti, Cost: 1, Outcome: o, RetryAfter: retry}
+	}
+	good := []Record{
+		answer(ms(1100), OutAllow, 0), // within multi#2's τ of 200 ms
+		answer(ms(1500), OutUnavailable, 3*time.Second),
+		answer(ms(1600), OutDeny, 100*time.Millisecond),
+	}
+	late := answer(ms(1300), OutAllow, 0) // after multi#2's τ, within the budget's and the ledger's
+	for _, tc := range []struct {
+		name   string
+		cut    []string // the buckets on the node the outage cuts off (nil: an outage of every key)
+		rs     []Record
+		broken bool
+	}{
+		{"kept", nil, good, false},
+		{"an allow after multi#2's τ", nil, append(good, late), true},
+		{"an allow after multi#2's τ, its node up", []string{"multi", "mbudget"}, append(good, late), false},
+		{"an allow after multi#2's τ, its node cut", []string{"multi#2"}, append(good, late), true},
+		{"the wrong Retry-After", nil, append(good, answer(ms(2000), OutUnavailable, time.Second)), true},
+		{"only denials through the outage", nil, []Record{answer(ms(1500), OutDeny, time.Second), answer(ms(2500), OutDeny, time.Second)}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := outage
+			nodeOf := func(string) int { return 0 }
+			if tc.cut != nil {
+				o.Nodes = []int{1}
+				nodeOf = func(key string) int {
+					for _, name := range tc.cut {
+						if bs[name].Name == key {
+							return 1
+						}
+					}
+					return 0
+				}
+			}
+			res := Check(CheckInput{Keys: ks, Records: tc.rs, Outages: []Outage{o}, NodeOf: nodeOf})
+			if got := len(violations(res, "failure-mode")) > 0; got != tc.broken {
+				t.Fatalf("failure mode violated = %v, want %v (%v)", got, tc.broken, res.Violations)
 			}
 		})
 	}

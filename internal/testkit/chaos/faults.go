@@ -46,6 +46,7 @@ func AgentKill(i int, graceful bool, hold time.Duration) Step {
 		Undo: func(r *runner) error {
 			r.s.StartAgent(i)
 			r.load.ResumeLedger(i)
+			r.load.ResumeMulti(i)
 			return nil
 		}}
 }

@@ -86,6 +86,7 @@ type Report struct {
 	Steps        []StepResult
 	Total        Measured
 	ByKind       map[string]Measured
+	RefusedBy    []Refusals // refusals of checks of several buckets, by the bucket that refused
 	EnvoyChecks  int
 	Check        Result
 	Abuse        AbuseResult
@@ -106,6 +107,7 @@ type runner struct {
 	keys                   *Keys
 	load                   *Load
 	strandable, held, lost float64
+	refunds, refundsLost   float64 // charge_refunds_total, charge_refunds_lost_total of every process before it stopped
 	lastStrand             *Strand // set by stopAgent for the step that killed an agent
 	nodes                  map[string]int
 	logf                   func(string, ...any)
@@ -207,6 +209,7 @@ func Run(t testing.TB, o Options) *Report {
 			rep.EnvoyChecks++
 		}
 	}
+	rep.RefusedBy = refusedBy(keys, records)
 	rep.Duration = time.Since(rep.Started)
 	if o.OutDir != "" {
 		if err := writeReport(filepath.Join(o.OutDir, o.Name), rep); err != nil {
@@ -288,40 +291,64 @@ func (r *runner) quiesceLedger() {
 		r.load.PauseLedger(i)
 	}
 	for i := range r.s.Agents {
-		r.waitLedgerQuiet(i)
+		r.waitLedgerQuiet(i, false)
 	}
 }
 
-// waitLedgerQuiet waits until agent i has no refill of the ledger key queued or in flight: its
-// debug endpoint shows the key not refilling, or refilling only because a prefetched lease
-// waits to be installed (no call is sent for it then).
-func (r *runner) waitLedgerQuiet(i int) {
+// waitLedgerQuiet waits until agent i has no refill of the ledger key queued or in flight (and,
+// withMulti, of the multi rule's ledger buckets): its debug endpoint shows the keys not
+// refilling, or refilling only because a prefetched lease waits to be installed (no call is
+// sent for it then).
+func (r *runner) waitLedgerQuiet(i int, withMulti bool) {
 	a := r.s.Agents[i]
 	if p := a.Process(); p == nil || !p.Running() {
 		return
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		ls, err := debugLeases(a.DebugAddr(), ledgerTenant())
-		quiet := err == nil
-		for _, l := range ls {
-			if l.Rule == "ledger" && l.Refilling && l.NextTokens == 0 {
-				quiet = false
-			}
-		}
-		if quiet {
+		if _, busy, err := r.ledgerLeases(a, withMulti); err == nil && !busy {
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	r.t.Errorf("chaos: agent %d's ledger key never settled", i)
+	r.t.Errorf("chaos: agent %d's ledger keys never settled", i)
 }
 
-// stopAgent stops agent i after pausing its ledger checks. Before a SIGKILL it reads what the
-// agent holds: its outstanding-lease gauge bounds what it strands.
+// ledgerLeases reads agent a's leases of the ledger key (and, withMulti, of the multi rule's
+// ledger buckets, its first limit): the tokens they hold, and whether a refill of one is queued
+// or in flight.
+func (r *runner) ledgerLeases(a *Agent, withMulti bool) (held float64, busy bool, err error) {
+	type leased struct{ tenant, rule string }
+	bs := []leased{{ledgerTenant(), "ledger"}}
+	if withMulti {
+		for _, k := range r.load.MultiKeys() {
+			bs = append(bs, leased{k.Tenant, k.Rule.Name})
+		}
+	}
+	for _, b := range bs {
+		ls, err := debugLeases(a.DebugAddr(), b.tenant)
+		if err != nil {
+			return 0, false, err
+		}
+		for _, l := range ls {
+			if l.Rule != b.rule {
+				continue
+			}
+			held += l.Tokens + l.NextTokens
+			if l.Refilling && l.NextTokens == 0 {
+				busy = true
+			}
+		}
+	}
+	return held, busy, nil
+}
+
+// stopAgent stops agent i after pausing its ledger and multi checks. Before a SIGKILL it reads
+// what the agent holds: its outstanding-lease gauge bounds what it strands.
 func (r *runner) stopAgent(i int, graceful bool) error {
 	r.load.PauseLedger(i)
-	r.waitLedgerQuiet(i)
+	r.load.PauseMulti(i)
+	r.waitLedgerQuiet(i, true)
 	a := r.s.Agents[i]
 	m, err := Scrape(a.MetricsAddr())
 	if err != nil {
@@ -332,18 +359,15 @@ func (r *runner) stopAgent(i int, graceful bool) error {
 		before := a.ShutdownLost()
 		err := r.s.StopAgent(i, true)
 		r.lost += lost + a.ShutdownLost() - before
+		r.addRefunds(m)
 		return err
 	}
 	var ledger float64
-	if ls, err := debugLeases(a.DebugAddr(), ledgerTenant()); err == nil {
-		for _, l := range ls {
-			if l.Rule == "ledger" {
-				ledger += l.Tokens + l.NextTokens
-			}
-		}
+	if held, _, err := r.ledgerLeases(a, true); err == nil {
+		ledger = held
 	}
 	// The gauge again, as close to the kill as the harness can read it (nothing of the ledger
-	// moves meanwhile: its checks are paused and no refill of it is in flight).
+	// keys moves meanwhile: their checks are paused and no refill of them is in flight).
 	if m2, err := Scrape(a.MetricsAddr()); err == nil {
 		m = m2
 	}
@@ -355,8 +379,15 @@ func (r *runner) stopAgent(i int, graceful bool) error {
 	r.strandable += s.Outstanding
 	r.held += s.Ledger
 	r.lost += s.Lost
+	r.addRefunds(m)
 	r.lastStrand = &s
 	return nil
+}
+
+// addRefunds adds what a process about to stop said of the refunds of checks of several buckets.
+func (r *runner) addRefunds(m map[string]float64) {
+	r.refunds += m["leasebucket_agent_charge_refunds_total"]
+	r.refundsLost += m["leasebucket_agent_charge_refunds_lost_total"]
 }
 
 func (r *runner) setRedisProxies(nodes []int, m Mode, d time.Duration) {
@@ -402,6 +433,7 @@ func (r *runner) stopAll() (agents, coordinators map[string]float64) {
 			agents[name] += sum(m, "leasebucket_agent_"+name)
 		}
 		r.lost += m["leasebucket_agent_tokens_lost_total"]
+		r.addRefunds(m)
 		before := a.ShutdownLost()
 		if err := r.s.StopAgent(i, true); err != nil {
 			r.t.Errorf("chaos: %v\n%s", err, a.Process().Tail())
@@ -423,31 +455,38 @@ func (r *runner) stopAll() (agents, coordinators map[string]float64) {
 
 var agentTotals = []string{"decisions_total", "degraded_admissions_total", "lease_grants_total", "lease_granted_tokens_total",
 	"lease_returns_total", "lease_returned_tokens_total", "lease_credited_tokens_total", "tokens_lost_total",
-	"lease_expiries_total", "evictions_total", "acquire_calls_total", "acquire_resends_total", "idempotent_replays_total", "invalid_checks_total"}
+	"lease_expiries_total", "evictions_total", "acquire_calls_total", "acquire_resends_total", "idempotent_replays_total", "invalid_checks_total",
+	"charge_refunds_total", "charge_refunds_lost_total"}
 
 var coordinatorTotals = []string{"grants_total", "granted_tokens_total", "returns_total", "returned_tokens_total",
 	"replays_total", "store_errors_total", "redis_round_trips_total"}
 
-// ledgerFacts reads the ledger key after every agent stopped: Redis' level and what the agents
-// said about their leases.
+// ledgerFacts reads the ledger keys after every agent stopped — the ledger rule's and the multi
+// rule's first limit of each tenant: Redis' levels and what the agents said about their leases.
 func (r *runner) ledgerFacts() *LedgerFacts {
-	k := r.load.LedgerKey()
-	h, err := r.s.HGetAll(k.Name)
-	if err != nil {
-		r.t.Errorf("chaos: read the ledger key: %v", err)
-		return nil
-	}
-	if len(h) == 0 {
-		return nil // never used (no ledger load)
-	}
-	level, err := strconv.ParseInt(h["t"], 10, 64)
-	if err != nil {
-		r.t.Errorf("chaos: the ledger key's tokens %q: %v", h["t"], err)
-		return nil
-	}
+	f := &LedgerFacts{Strandable: r.strandable, Held: r.held, Lost: r.lost, Refunds: r.refunds, RefundsLost: r.refundsLost}
 	elapsed := bucket.Millis(r.s.Since()/time.Millisecond) + 1
-	return &LedgerFacts{Capacity: k.Limit.Capacity(), Level: bucket.Micro(level), Refill: k.Limit.Refilled(elapsed) + 1,
-		Strandable: r.strandable, Held: r.held, Lost: r.lost}
+	for _, k := range append([]*Key{r.load.LedgerKey()}, r.load.MultiKeys()...) {
+		h, err := r.s.HGetAll(k.Name)
+		if err != nil {
+			r.t.Errorf("chaos: read the ledger key %s: %v", k.Name, err)
+			return nil
+		}
+		if len(h) == 0 {
+			continue // never used (no load of it)
+		}
+		level, err := strconv.ParseInt(h["t"], 10, 64)
+		if err != nil {
+			r.t.Errorf("chaos: the ledger key %s's tokens %q: %v", k.Name, h["t"], err)
+			return nil
+		}
+		f.Keys = append(f.Keys, LedgerLevel{Key: k.ID, Capacity: k.Limit.Capacity(), Level: bucket.Micro(level),
+			Refill: k.Limit.Refilled(elapsed) + 1})
+	}
+	if len(f.Keys) == 0 {
+		return nil
+	}
+	return f
 }
 
 // outages lists the outage steps.

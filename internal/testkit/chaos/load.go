@@ -61,6 +61,9 @@ type Record struct {
 	Replayed   bool // an idempotent repeat answered without a charge
 	Retry      bool // the repeat of the previous check's idempotency key
 	Envoy      bool // sent through envoy.service.ratelimit.v3
+	// By names the bucket a refused check of several buckets was refused by, as the native
+	// answer's rule says: 1 the key's own, 1 + i its i-th of Charges; 0 unknown or not refused.
+	By int8
 	// Quota: decided by an Envoy-faithful rate_limit_quota filter on the agent
 	// (envoy.service.rate_limit_quota.v3): Sent and Recv are the moment it admitted or denied.
 	Quota bool
@@ -86,6 +89,11 @@ type LoadConfig struct {
 	// Direct is the checks a second on the one key of the direct rule (lease: off), offered
 	// above its rate by the agents together; 0: none.
 	Direct float64
+	// Multi is the checks a second of the multi rule (two limits and a tenant budget, all or
+	// nothing) over MultiTenants tenants, skewed n:n−1:…:1 (three tenants get a half, a third
+	// and a sixth of the load); 0: none.
+	Multi        float64
+	MultiTenants int
 	// EnvoyEvery sends every n-th hot, cold, closed and emergency check through Envoy's
 	// ShouldRateLimit instead of Check (0: never).
 	EnvoyEvery int
@@ -109,6 +117,9 @@ type Load struct {
 	wg   sync.WaitGroup
 
 	ledger []ledgerGate // per agent
+	// multiGate pauses one agent's multi checks around its kill, so that what it holds of the
+	// multi rule's ledger buckets can be read (the multi load runs through every other fault).
+	multiGate []ledgerGate
 
 	mu      sync.Mutex
 	records [][]Record // one slice per worker, merged by Records
@@ -119,6 +130,7 @@ type Load struct {
 	quota          []*Key
 	tail           []*Key
 	direct         *Key
+	multi          []*Key // the multi route's buckets (their Charges: multi#2 and the budget)
 	churnSeq       []atomic.Int64
 	filters        []*envoyquota.Filter // per agent, with Quota
 }
@@ -133,7 +145,7 @@ type ledgerGate struct {
 // NewLoad registers the keys of the load in keys.
 func NewLoad(s *Stack, keys *Keys, cfg LoadConfig, seed uint64) (*Load, error) {
 	l := &Load{s: s, keys: keys, cfg: cfg, seed: seed, stop: make(chan struct{}),
-		ledger: make([]ledgerGate, len(s.Agents)), churnSeq: make([]atomic.Int64, len(s.Agents))}
+		ledger: make([]ledgerGate, len(s.Agents)), multiGate: make([]ledgerGate, len(s.Agents)), churnSeq: make([]atomic.Int64, len(s.Agents))}
 	var err error
 	add := func(kind Kind, tenant, path, op string) *Key {
 		if err != nil {
@@ -160,6 +172,12 @@ func NewLoad(s *Stack, keys *Keys, cfg LoadConfig, seed uint64) (*Load, error) {
 	}
 	if cfg.Direct > 0 {
 		l.direct = add(KindDirect, directTenant(), directPath(0), "GET")
+	}
+	for i := range cfg.MultiTenants {
+		l.multi = append(l.multi, add(KindMulti, multiTenant(i), multiPath(0), multiOp()))
+	}
+	if err == nil && cfg.Multi > 0 && len(l.multi) == 0 {
+		err = fmt.Errorf("chaos: a multi load of %g/s needs MultiTenants", cfg.Multi)
 	}
 	if err == nil && cfg.Tail > 0 && len(l.tail) == 0 {
 		err = fmt.Errorf("chaos: a tail load of %g/s needs TailTenants", cfg.Tail)
@@ -193,7 +211,7 @@ func (l *Load) Start() {
 			rate float64
 		}{{KindHot, l.cfg.Hot}, {KindCold, l.cfg.Cold}, {KindChurn, l.cfg.Churn}, {KindClosed, l.cfg.Closed},
 			{KindEmergency, l.cfg.Emergency}, {KindLedger, l.cfg.Ledger}, {KindQuota, l.cfg.Quota},
-			{KindTail, l.cfg.Tail}, {KindDirect, l.cfg.Direct}} {
+			{KindTail, l.cfg.Tail}, {KindDirect, l.cfg.Direct}, {KindMulti, l.cfg.Multi}} {
 			if w.rate <= 0 {
 				continue
 			}
@@ -250,6 +268,21 @@ func (l *Load) ResumeLedger(i int) { l.ledger[i].paused.Store(false) }
 // LedgerKey is the ledger's key.
 func (l *Load) LedgerKey() *Key { return l.ledgerKey }
 
+// PauseMulti stops agent i's multi checks and waits until none is in flight.
+func (l *Load) PauseMulti(i int) {
+	l.multiGate[i].paused.Store(true)
+	for l.multiGate[i].inflight.Load() > 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// ResumeMulti lets agent i's multi checks go on.
+func (l *Load) ResumeMulti(i int) { l.multiGate[i].paused.Store(false) }
+
+// MultiKeys are the multi route's own buckets, one per tenant: the rule's first limit, a ledger
+// (each Key's Charges are the check's other buckets).
+func (l *Load) MultiKeys() []*Key { return l.multi }
+
 // request is one check to send.
 type request struct {
 	kind   Kind
@@ -290,8 +323,14 @@ func (l *Load) run(ai int, kind Kind, rate float64, rng *rand.Rand, slot int) {
 			continue
 		}
 		req := l.next(ai, kind, n, rng)
-		gate := &l.ledger[ai]
-		if kind == KindLedger {
+		var gate *ledgerGate
+		switch kind {
+		case KindLedger:
+			gate = &l.ledger[ai]
+		case KindMulti:
+			gate = &l.multiGate[ai]
+		}
+		if gate != nil {
 			gate.inflight.Add(1)
 			if gate.paused.Load() {
 				gate.inflight.Add(-1)
@@ -305,7 +344,7 @@ func (l *Load) run(ai int, kind Kind, rate float64, rng *rand.Rand, slot int) {
 			retry.Retry = true
 			local = append(local, retry)
 		}
-		if kind == KindLedger {
+		if gate != nil {
 			gate.inflight.Add(-1)
 		}
 	}
@@ -367,6 +406,16 @@ func (l *Load) next(ai int, kind Kind, n int, rng *rand.Rand) request {
 		if rng.IntN(4) == 0 {
 			r.cost = 2
 		}
+	case KindMulti:
+		// Tenant i with weight n − i: with three, a half, a third and a sixth of the load.
+		n := len(l.multi)
+		w := rng.IntN(n * (n + 1) / 2)
+		i := 0
+		for w >= n-i {
+			w -= n - i
+			i++
+		}
+		r.key, r.path, r.op = l.multi[i], multiPath(rng.IntN(1000)), multiOp()
 	}
 	if r.key != nil {
 		r.tenant = r.key.Tenant
@@ -404,6 +453,13 @@ func (l *Load) send(a *Agent, req request) Record {
 			Cost: req.cost, IdempotencyKey: req.idem})
 		rec.Recv = l.s.Since()
 		checkOutcome(&rec, resp, err)
+		if err == nil && req.key != nil && len(req.key.Charges) > 0 && rec.Outcome != OutAllow {
+			for i, b := range req.key.Buckets(l.keys) {
+				if b.Rule.Name == resp.Rule {
+					rec.By = int8(i + 1)
+				}
+			}
+		}
 	}
 	if g2 := a.Gen(); g1 == g2 && g1%2 == 0 {
 		rec.Gen = int32(g1)

@@ -30,7 +30,24 @@ import (
 //     one atomic take in the global bucket, so the admission bound is the plain bucket's
 //     C + r·w (τ = 0), tested where it is tight. 50/s with a burst of 20: a burst well below a
 //     second's refill, so a window of any length is close to its bound when the load saturates it.
-const PolicyText = `version: "chaos-1"
+//   - multi: two limits and a tenant budget, charged all or nothing by every check of the route
+//     (operation transfer, class spend, which no other rule lists: the budget covers this rule
+//     alone, and every other rule keeps its buckets and its keys). Its first limit is a ledger
+//     (1/day, burst 200000, as the ledger rule): the agent spends a check's buckets in order — the
+//     rule's first limit, its other limits, then the budgets — so a check that multi#2 or the
+//     budget refuses has already spent from the ledger and must give it back; what Redis shows
+//     debited from it, beyond what allowed checks spent, is a partial charge (or a stranded
+//     lease). multi#2 (20/s, burst 10: τ = 200 ms) is the tight per-second limit; the budget
+//     mbudget (600/minute, burst 100: 10/s, τ = 2.5 s) is slower with a larger burst. Tenants are
+//     offered 0.5 to 3 times multi#2's rate (skewed 3:2:1): after every fault both buckets are
+//     full, multi#2 binds first (its burst is gone at once) while the budget drains from its
+//     burst at the difference of the rates; then the budget binds, until the next fault lets it
+//     refill. Both fail closed with the same Retry-After, so a 503 says the same whichever of
+//     the check's buckets could not be reached.
+const PolicyText = `version: "chaos-2"
+
+operations:
+  transfer: spend
 
 envoy:
   domain: leasebucket
@@ -101,6 +118,23 @@ rules:
     limit: 1/day
     burst: 200000
 
+  - name: multi
+    description: Two limits and a tenant budget, charged all or nothing; the first limit is a ledger.
+    routes: ["/m/{id}"]
+    operations: [spend]
+    limits:
+      - {limit: 1/day, burst: 200000}
+      - {limit: 20/second, burst: 10}
+    retry_after_on_failure: 3s
+
+  - name: mbudget
+    description: A tenant budget over every spend operation, charged with the route's limits.
+    scope: tenant
+    operations: [spend]
+    limit: 600/minute
+    burst: 100
+    retry_after_on_failure: 3s
+
 default:
   limit: 60/minute
   burst: 10
@@ -120,10 +154,11 @@ const (
 	KindQuota  // requests decided by an Envoy-faithful rate_limit_quota filter on the agent
 	KindTail   // the long tail: a key of thousands, each checked less often than its lease lives
 	KindDirect // the direct-mode rule (lease: off)
+	KindMulti  // the multi rule: three buckets (two limits and a tenant budget) all or nothing
 	numKinds
 )
 
-var kindNames = [numKinds]string{"hot", "cold", "churn", "closed", "emergency", "ledger", "quota", "tail", "direct"}
+var kindNames = [numKinds]string{"hot", "cold", "churn", "closed", "emergency", "ledger", "quota", "tail", "direct", "multi"}
 
 func (k Kind) String() string {
 	if k < numKinds {
@@ -149,6 +184,19 @@ type Key struct {
 	Cost int64 // the rule's cost
 	// Emergency is the local emergency bucket of an emergency rule, nil otherwise.
 	Emergency *bucket.Limit
+	// Charges are the other buckets (indexes in Keys) a check of this key charges with it, all
+	// or nothing: its rule's further limits and the tenant budgets covering it (policy's
+	// Route.Charges). Records name the check's own key; an allow spent from each of these too.
+	Charges []int
+}
+
+// Buckets are every bucket a check of k charges: k, then its Charges.
+func (k *Key) Buckets(ks *Keys) []*Key {
+	bs := []*Key{k}
+	for _, c := range k.Charges {
+		bs = append(bs, ks.List[c])
+	}
+	return bs
 }
 
 // Keys is the table of tracked keys; a Record names its key by index.
@@ -168,25 +216,42 @@ func NewKeys() (*Keys, error) {
 }
 
 // Add registers the bucket of (tenant, path, op) and returns it (the same Key for a second
-// path of the same bucket).
+// path of the same bucket), with the other buckets its checks charge (Charges), registered too.
 func (ks *Keys) Add(kind Kind, tenant, path, op string) (*Key, error) {
 	r, err := ks.Set.Match(path, op)
 	if err != nil {
 		return nil, err
 	}
+	k, fresh, err := ks.add(kind, tenant, path, op, r, ks.Set.Cost(r))
+	if err != nil || !fresh {
+		return k, err
+	}
+	for _, id := range r.Charges() {
+		c, _, err := ks.add(kind, tenant, path, op, ks.Set.RouteByID(id), k.Cost)
+		if err != nil {
+			return nil, err
+		}
+		k.Charges = append(k.Charges, c.ID)
+	}
+	return k, nil
+}
+
+// add registers the bucket of route r for tenant; fresh reports whether it was new. cost is
+// what a check charges it (a bucket charged with others takes the cost of the check's route).
+func (ks *Keys) add(kind Kind, tenant, path, op string, r policy.Route, cost int64) (k *Key, fresh bool, err error) {
 	name, err := ks.Set.Key(r, tenant, "")
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if i, ok := ks.byID[name]; ok {
-		return ks.List[i], nil
+		return ks.List[i], false, nil
 	}
 	lim, err := ks.Set.Limits(r, tenant, "")
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	k := &Key{ID: len(ks.List), Kind: kind, Tenant: tenant, Path: path, Op: op, Name: name, Rule: r.Rule,
-		Limit: lim.Bucket, Tau: lease.TTL(lim.Bucket), Cost: ks.Set.Cost(r)}
+	k = &Key{ID: len(ks.List), Kind: kind, Tenant: tenant, Path: path, Op: op, Name: name, Rule: r.Rule,
+		Limit: lim.Bucket, Tau: lease.TTL(lim.Bucket), Cost: cost}
 	if r.Rule.Direct {
 		k.Tau = 0
 	}
@@ -196,7 +261,7 @@ func (ks *Keys) Add(kind Kind, tenant, path, op string) (*Key, error) {
 	}
 	ks.byID[name] = k.ID
 	ks.List = append(ks.List, k)
-	return k, nil
+	return k, true, nil
 }
 
 // Name of the tenants of each kind.
@@ -212,6 +277,9 @@ func tailTenant(i int) string         { return fmt.Sprintf("tl-%05d", i) }
 func tailPath(id int) string          { return fmt.Sprintf("/tail/%d", id) }
 func directTenant() string            { return "direct" }
 func directPath(id int) string        { return fmt.Sprintf("/d/%d", id) }
+func multiTenant(i int) string        { return fmt.Sprintf("mt-%d", i) }
+func multiPath(id int) string         { return fmt.Sprintf("/m/%d", id) }
+func multiOp() string                 { return "transfer" }
 func bystanderTenant() string         { return "bystander" }
 func abuseTenant(i int) string        { return fmt.Sprintf("abuse-%d", i) }
 func coldPath(id int) string          { return fmt.Sprintf("/cold/%d", id) }

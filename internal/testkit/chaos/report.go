@@ -26,13 +26,16 @@ func writeDecisions(dir string, keys *Keys, records []Record) error {
 	w := bufio.NewWriterSize(f, 1<<20)
 	for i := range records {
 		r := &records[i]
-		key := ""
+		key, by := "", ""
 		if r.Key >= 0 {
 			key = keys.List[r.Key].Name
+			if r.By > 0 {
+				by = keys.List[r.Key].Buckets(keys)[r.By-1].Rule.Name
+			}
 		}
-		fmt.Fprintf(w, `{"sent_us":%d,"recv_us":%d,"agent":%d,"gen":%d,"kind":%q,"key":%q,"cost":%d,"outcome":%q,"code":%q,"degraded":%t,"replayed":%t,"retry":%t,"envoy":%t,"retry_after_ms":%d}`+"\n",
+		fmt.Fprintf(w, `{"sent_us":%d,"recv_us":%d,"agent":%d,"gen":%d,"kind":%q,"key":%q,"cost":%d,"outcome":%q,"code":%q,"degraded":%t,"replayed":%t,"retry":%t,"envoy":%t,"retry_after_ms":%d,"refused_by":%q}`+"\n",
 			r.Sent.Microseconds(), r.Recv.Microseconds(), r.Agent, r.Gen, r.Kind, key, r.Cost, r.Outcome, r.Code, r.Degraded,
-			r.Replayed, r.Retry, r.Envoy, r.RetryAfter.Milliseconds())
+			r.Replayed, r.Retry, r.Envoy, r.RetryAfter.Milliseconds(), by)
 	}
 	if err := w.Flush(); err != nil {
 		_ = f.Close()
@@ -79,13 +82,19 @@ func (rep *Report) Summary() string {
 		rep.Name, rep.Duration.Round(time.Second), redis, rep.Coordinators, rep.Agents, rep.Total.Checks, rep.EnvoyChecks,
 		rep.ByKind[KindQuota.String()].Checks, len(rep.Steps), len(rep.Abuse.Probes), len(rep.Violations))
 	l := rep.Check.Ledger
-	fmt.Fprintf(&b, "ledger: debited %.3f, spent %.0f, stranded %.3f (bound %.3f; killed agents held %.0f of it)\n",
-		l.Debited, l.Spent, l.Stranded, l.Bound, l.Held)
+	fmt.Fprintf(&b, "ledger keys: debited %.3f, spent %.0f, stranded %.3f (bound %.3f; killed agents held %.0f of them); refunds %.0f, lost %.0f\n",
+		l.Debited, l.Spent, l.Stranded, l.Bound, l.Held, l.Refunds, l.RefundsLost)
+	for _, p := range l.Parts {
+		fmt.Fprintf(&b, "ledger key %s (%s): debited %.3f, spent %.0f by %d allows; %d checks refused\n", p.Key, p.Bucket, p.Debited, p.Spent, p.Allowed, p.Denied)
+	}
 	for _, w := range rep.Check.Windows {
 		if w.Allowed > 0 && (strings.Contains(w.Key, "|/hot|") || strings.Contains(w.Key, "cold-000") || strings.Contains(w.Key, ":"+quotaTenant(0)+"|") ||
-			kindOfKey(w.Key) == KindDirect) {
-			fmt.Fprintf(&b, "fullest window of %s: %.0f tokens in %v, bound %.1f\n", w.Key, w.Tokens, w.Span.Round(time.Millisecond), w.Bound)
+			kindOfKey(w.Key) == KindDirect || (kindOfKey(w.Key) == KindMulti && w.Bucket != "multi")) {
+			fmt.Fprintf(&b, "fullest window of %s (%s): %.0f tokens in %v, bound %.1f\n", w.Key, w.Bucket, w.Tokens, w.Span.Round(time.Millisecond), w.Bound)
 		}
+	}
+	for _, r := range rep.RefusedBy {
+		fmt.Fprintf(&b, "checks of several buckets refused by %s: %d × 429, %d × 503\n", r.Bucket, r.Deny, r.Unavailable)
 	}
 	for _, v := range rep.Violations {
 		fmt.Fprintf(&b, "VIOLATION %s\n", v)
@@ -111,9 +120,9 @@ func (rep *Report) Markdown(w io.Writer) {
 		fmt.Fprintln(w)
 	}
 
-	fmt.Fprintf(w, "## Load\n\n%d checks over Unix sockets (%d through Envoy's `ShouldRateLimit`), offered per agent: hot %g/s, cold %g/s over %d tenants, churn %g/s (a new tenant each), fail-closed %g/s, emergency %g/s, ledger %g/s, the long tail %g/s over %d tenants (each in turn), direct mode (`lease: off`) %g/s on one key; and %g/s over %d tenants of the quota rule decided by an Envoy-faithful rate_limit_quota filter on each agent (kind quota: its local decisions, the time of each its admission).\n\n",
+	fmt.Fprintf(w, "## Load\n\n%d checks over Unix sockets (%d through Envoy's `ShouldRateLimit`), offered per agent: hot %g/s, cold %g/s over %d tenants, churn %g/s (a new tenant each), fail-closed %g/s, emergency %g/s, ledger %g/s, the long tail %g/s over %d tenants (each in turn), direct mode (`lease: off`) %g/s on one key, the multi rule (two limits and a tenant budget, all or nothing) %g/s over %d tenants; and %g/s over %d tenants of the quota rule decided by an Envoy-faithful rate_limit_quota filter on each agent (kind quota: its local decisions, the time of each its admission).\n\n",
 		rep.Total.Checks, rep.EnvoyChecks, rep.Load.Hot, rep.Load.Cold, rep.Load.ColdTenants, rep.Load.Churn, rep.Load.Closed,
-		rep.Load.Emergency, rep.Load.Ledger, rep.Load.Tail, rep.Load.TailTenants, rep.Load.Direct, rep.Load.Quota, rep.Load.QuotaTenants)
+		rep.Load.Emergency, rep.Load.Ledger, rep.Load.Tail, rep.Load.TailTenants, rep.Load.Direct, rep.Load.Multi, rep.Load.MultiTenants, rep.Load.Quota, rep.Load.QuotaTenants)
 	fmt.Fprintln(w, "| kind | checks | allow | of which degraded | deny (429) | unavailable (503) | errors | p50 | p99 | max |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
 	kinds := make([]string, 0, len(rep.ByKind))
@@ -133,6 +142,14 @@ func (rep *Report) Markdown(w io.Writer) {
 			m.Unavailable, m.Errors, fmtMs(m.P50), fmtMs(m.P99), fmtMs(m.Max))
 	}
 
+	if by := rep.RefusedBy; len(by) > 0 {
+		fmt.Fprint(w, "\nChecks of several buckets refused (native answers, which name the bucket):")
+		for _, r := range by {
+			fmt.Fprintf(w, " by %s %d × 429 and %d × 503;", r.Bucket, r.Deny, r.Unavailable)
+		}
+		fmt.Fprintln(w)
+	}
+
 	fmt.Fprintln(w, "\n## Faults\n\nOne at a time, under load. *Measured* counts the checks sent from the fault until the system settled after it.")
 	fmt.Fprintln(w, "\n| fault | expected | measured |")
 	fmt.Fprintln(w, "|---|---|---|")
@@ -141,9 +158,9 @@ func (rep *Report) Markdown(w io.Writer) {
 	}
 
 	fmt.Fprintln(w, "\n## Bounds")
-	fmt.Fprintln(w, "\nAdmission, per key: allowed ≤ C + r·(w + τ), w the span of the window, plus the clock slack (5 ms and 0.1 %); τ = 0 on the direct rule's key (`lease: off`: C + r·w). The fullest window of each kind:")
-	fmt.Fprintln(w, "\n| key | allowed over the run | fullest window | tokens in it | bound |")
-	fmt.Fprintln(w, "|---|---|---|---|---|")
+	fmt.Fprintln(w, "\nAdmission, per key: allowed ≤ C + r·(w + τ), w the span of the window, plus the clock slack (5 ms and 0.1 %); τ = 0 on the direct rule's key (`lease: off`: C + r·w); every bucket a check of the multi rule charges is held to its own bound by every allowed check that charged it. The fullest window of each kind:")
+	fmt.Fprintln(w, "\n| key | bucket | allowed over the run | fullest window | tokens in it | bound |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|")
 	// Two keys of each kind, in the order of the keys; of the long tail's thousands of keys, the
 	// two whose fullest windows held the most.
 	var shown, tail []Window
@@ -152,7 +169,10 @@ func (rep *Report) Markdown(w io.Writer) {
 		switch kind := kindOfKey(win.Key); {
 		case kind == KindTail:
 			tail = append(tail, win)
-		case seen[kind] < 2:
+		case kind == KindMulti && seen[kind] < 6: // each of the three buckets of two tenants
+			seen[kind]++
+			shown = append(shown, win)
+		case kind != KindMulti && seen[kind] < 2:
 			seen[kind]++
 			shown = append(shown, win)
 		}
@@ -161,7 +181,7 @@ func (rep *Report) Markdown(w io.Writer) {
 		return cmp.Or(cmp.Compare(b.Tokens, a.Tokens), cmp.Compare(b.Allowed, a.Allowed))
 	})
 	for _, win := range append(shown, tail[:min(2, len(tail))]...) {
-		fmt.Fprintf(w, "| `%s` | %d | %v | %.0f | %.1f |\n", win.Key, win.Allowed, win.Span.Round(time.Millisecond), win.Tokens, win.Bound)
+		fmt.Fprintf(w, "| `%s` | %s | %d | %v | %.0f | %.1f |\n", win.Key, win.Bucket, win.Allowed, win.Span.Round(time.Millisecond), win.Tokens, win.Bound)
 	}
 	if len(tail) > 0 {
 		fmt.Fprintf(w, "\nThe long tail: %d keys allowed a check.\n", len(tail))
@@ -174,8 +194,15 @@ func (rep *Report) Markdown(w io.Writer) {
 		fmt.Fprintln(w)
 	}
 	l := rep.Check.Ledger
-	fmt.Fprintf(w, "\nLedger (1 token a day, burst in the policy): debited in Redis %.6f = spent %.0f + stranded %.6f. Stranded bound (outstanding leases of agents killed with SIGKILL + returns the agents reported lost + unanswered checks + 1): %.3f; the killed agents held %.0f tokens of the ledger key. %d ledger checks got no answer.\n",
-		l.Debited, l.Spent, l.Stranded, l.Bound, l.Held, l.Errors)
+	fmt.Fprintf(w, "\nLedger keys (1 token a day, burst in the policy: the ledger rule's key, and the multi rule's first limit of each tenant): debited in Redis %.6f = spent %.0f + stranded %.6f. Stranded bound (outstanding leases of agents killed with SIGKILL + returns the agents reported lost + refunds the agents reported lost + unanswered checks + 1): %.3f; the killed agents held %.0f tokens of the ledger keys. %d checks of a ledger key got no answer. Checks of several buckets gave back %.0f costs when one bucket refused (%.0f of them could not be).\n",
+		l.Debited, l.Spent, l.Stranded, l.Bound, l.Held, l.Errors, l.Refunds, l.RefundsLost)
+	if len(l.Parts) > 0 {
+		fmt.Fprintln(w, "\n| ledger key | bucket | debited | spent | allowed | refused |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|")
+		for _, p := range l.Parts {
+			fmt.Fprintf(w, "| `%s` | %s | %.6f | %.0f | %d | %d |\n", p.Key, p.Bucket, p.Debited, p.Spent, p.Allowed, p.Denied)
+		}
+	}
 	fmt.Fprintf(w, "\nIdempotent repeats answered without a charge: %d.\n", rep.Check.Replays)
 
 	if len(rep.Abuse.Probes) > 0 {
@@ -234,7 +261,7 @@ func (st StepResult) measured() string {
 	}
 	s += fmt.Sprintf("; restored in %s, then every agent allowed a fresh key within %s", fmtMs(st.Restored-st.To), fmtMs(st.Recovered))
 	if sd := st.Stranded; sd != nil {
-		s += fmt.Sprintf("; outstanding leases at the kill %.0f tokens (ledger key %.0f)", sd.Outstanding, sd.Ledger)
+		s += fmt.Sprintf("; outstanding leases at the kill %.0f tokens (ledger keys %.0f)", sd.Outstanding, sd.Ledger)
 	}
 	if st.Err != "" {
 		s += "; error: " + st.Err
@@ -262,6 +289,42 @@ func kindOfKey(key string) Kind {
 		return KindTail
 	case tenant == directTenant():
 		return KindDirect
+	case strings.HasPrefix(tenant, "mt-"):
+		return KindMulti
 	}
 	return KindChurn
+}
+
+// Refusals counts the refusals of checks of several buckets by the bucket that refused.
+type Refusals struct {
+	Bucket            string
+	Deny, Unavailable int
+}
+
+// refusedBy counts the records' refusals of checks of several buckets by the bucket their
+// answer named, in the order of the buckets (native answers only: Envoy's do not name it).
+func refusedBy(keys *Keys, records []Record) []Refusals {
+	var out []Refusals
+	at := map[string]int{}
+	for i := range records {
+		r := &records[i]
+		if r.By == 0 || r.Key < 0 {
+			continue
+		}
+		name := keys.List[r.Key].Buckets(keys)[r.By-1].Rule.Name
+		j, ok := at[name]
+		if !ok {
+			j = len(out)
+			at[name] = j
+			out = append(out, Refusals{Bucket: name})
+		}
+		switch r.Outcome {
+		case OutDeny:
+			out[j].Deny++
+		case OutUnavailable:
+			out[j].Unavailable++
+		}
+	}
+	slices.SortFunc(out, func(a, b Refusals) int { return cmp.Compare(a.Bucket, b.Bucket) })
+	return out
 }
