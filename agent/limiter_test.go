@@ -25,7 +25,7 @@ import (
 //	call t=T                           the next call the core sends (NextCall); it is in flight
 //	respond t=T [seq=N] [error=unavailable|deadline|invalid|unknown-version]
 //	                                   the reply to the call in flight with seq N (the oldest)
-//	  ok granted=G ttl=MS [remaining=R] [at=MS] [credited=C] [pace=MS] [scarce]
+//	  ok granted=G ttl=MS [remaining=R] [at=MS] [credited=C] [pace=MS]
 //	  denied retry=MS [remaining=R] [credited=C] [pace=MS]
 //	  store-unavailable | unknown-route | stale
 //	                                   one line per item of an Acquire, µ or tokens (t suffix),
@@ -315,8 +315,6 @@ func parseResult(t *testing.T, line string) *coordinatorv1.AcquireResult {
 			r.CreditedMicro = micro(t, v)
 		case "pace":
 			r.PaceMs = micro(t, v)
-		case "scarce":
-			r.Scarce = true
 		default:
 			t.Fatalf("unknown field %q", k)
 		}

@@ -23,11 +23,3 @@ func PlanGrant(limit bucket.Limit, cost bucket.Micro, direct bool, ask lease.Ask
 	}
 	return p, err
 }
-
-// Scarce reports whether a grant should tell the agent that the bucket runs low: the grant was cut
-// below what was planned, or the bucket is below a quarter of its capacity after it. An agent
-// told so keeps no lease it does not use: it hands back what it holds idle (docs/leases.md, "Many
-// agents on one key").
-func Scarce(p lease.Plan, limit bucket.Limit, granted, remaining bucket.Micro) bool {
-	return granted < p.Want || remaining < limit.Capacity()/lease.Reserve
-}

@@ -22,7 +22,7 @@ import (
 //	                                            PlanGrant (D in µ per second; U one request's cost,
 //	                                            1t if absent; direct: the rule has lease: off)
 //	grant tokens=B needed=N min=M [...]         PlanGrant, then the store's TakeShare on a bucket
-//	                                            holding B, and Scarce on the outcome
+//	                                            holding B
 //
 // Rewrite the expected outputs with `go test ./coordinator -run TestGrantSpec -rewrite`.
 func TestGrantSpec(t *testing.T) {
@@ -51,11 +51,7 @@ func TestGrantSpec(t *testing.T) {
 				const now = 1_000_000
 				s := bucket.State{Tokens: bucket.Micro(arg(t, d, "tokens")), Last: now}
 				r := s.TakeShare(l, now, p.Want, p.Least, p.Share, p.Unit)
-				out := fmt.Sprintf("%s\ngranted=%s remaining=%s retry=%s", showPlan(p), tok(r.Granted), tok(r.Remaining), ms(r.RetryAfter))
-				if r.Granted > 0 {
-					out += fmt.Sprintf(" scarce=%t", Scarce(p, l, r.Granted, r.Remaining))
-				}
-				return out
+				return fmt.Sprintf("%s\ngranted=%s remaining=%s retry=%s", showPlan(p), tok(r.Granted), tok(r.Remaining), ms(r.RetryAfter))
 			default:
 				d.Fatalf(t, "unknown command %q", d.Cmd)
 				return ""

@@ -209,7 +209,7 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 			// No wait can satisfy it: denied for good, nothing charged (a lease handed back with
 			// it is lost: an agent never sends one with a cost the policy refuses).
 			results[i] = &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_DENIED,
-				RetryAfterMs: int64(bucket.Never), Scarce: true}
+				RetryAfterMs: int64(bucket.Never)}
 			continue
 		}
 		t := TakeRequest{Key: res.key, Limit: res.limits.Bucket, Want: p.Want, Min: p.Least, Share: p.Share, Unit: p.Unit,
@@ -289,7 +289,6 @@ func acquireResult(p lease.Plan, limit bucket.Limit, w bucket.Window, r TakeResu
 			RetryAfterMs:   int64(r.RetryAfter),
 			RemainingMicro: int64(r.Remaining),
 			GrantedAtMs:    int64(r.Now),
-			Scarce:         true,
 			Replayed:       r.Replayed,
 			CreditedMicro:  int64(r.Credited),
 			PaceMs:         int64(r.Pace),
@@ -309,7 +308,6 @@ func acquireResult(p lease.Plan, limit bucket.Limit, w bucket.Window, r TakeResu
 		TtlMs:          ttl,
 		RemainingMicro: int64(r.Remaining),
 		GrantedAtMs:    int64(r.Now),
-		Scarce:         Scarce(p, limit, r.Granted, r.Remaining),
 		Replayed:       r.Replayed,
 		CreditedMicro:  int64(r.Credited),
 		PaceMs:         int64(r.Pace),

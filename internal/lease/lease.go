@@ -208,8 +208,7 @@ const (
 
 	// Reserve: a take that would leave the bucket below 1/Reserve of its capacity finds it low
 	// (Low), and the store looks at the key's demand. A bucket whose agents' demand is below its
-	// rate stays above it (their leases are a small part of it). It is also where a grant is
-	// marked scarce (coordinator.Scarce).
+	// rate stays above it (their leases are a small part of it).
 	Reserve = 4
 )
 

@@ -357,8 +357,6 @@ type AcquireResult struct {
 	RemainingMicro int64 `protobuf:"varint,5,opt,name=remaining_micro,json=remainingMicro,proto3" json:"remaining_micro,omitempty"`
 	// The store's clock at the grant (milliseconds); echoed in Return.
 	GrantedAtMs int64 `protobuf:"varint,6,opt,name=granted_at_ms,json=grantedAtMs,proto3" json:"granted_at_ms,omitempty"`
-	// True when the bucket is low enough that the grant was capped; agents should ask for less.
-	Scarce bool `protobuf:"varint,7,opt,name=scarce,proto3" json:"scarce,omitempty"`
 	// True when this is a retry answered from the idempotency record.
 	Replayed bool `protobuf:"varint,8,opt,name=replayed,proto3" json:"replayed,omitempty"`
 	// Microtokens the item's handed-back lease was credited (after decay and the capacity cap).
@@ -441,13 +439,6 @@ func (x *AcquireResult) GetGrantedAtMs() int64 {
 		return x.GrantedAtMs
 	}
 	return 0
-}
-
-func (x *AcquireResult) GetScarce() bool {
-	if x != nil {
-		return x.Scarce
-	}
-	return false
 }
 
 func (x *AcquireResult) GetReplayed() bool {
@@ -783,19 +774,18 @@ const file_leasebucket_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\tmin_micro\x18\x03 \x01(\x03R\bminMicro\x125\n" +
 	"\x17demand_micro_per_second\x18\x04 \x01(\x03R\x14demandMicroPerSecond\x12!\n" +
 	"\freturn_micro\x18\x05 \x01(\x03R\vreturnMicro\x12/\n" +
-	"\x14return_granted_at_ms\x18\x06 \x01(\x03R\x11returnGrantedAtMs\"\xee\x02\n" +
+	"\x14return_granted_at_ms\x18\x06 \x01(\x03R\x11returnGrantedAtMs\"\xe4\x02\n" +
 	"\rAcquireResult\x12:\n" +
 	"\x06status\x18\x01 \x01(\x0e2\".leasebucket.coordinator.v1.StatusR\x06status\x12#\n" +
 	"\rgranted_micro\x18\x02 \x01(\x03R\fgrantedMicro\x12\x15\n" +
 	"\x06ttl_ms\x18\x03 \x01(\x03R\x05ttlMs\x12$\n" +
 	"\x0eretry_after_ms\x18\x04 \x01(\x03R\fretryAfterMs\x12'\n" +
 	"\x0fremaining_micro\x18\x05 \x01(\x03R\x0eremainingMicro\x12\"\n" +
-	"\rgranted_at_ms\x18\x06 \x01(\x03R\vgrantedAtMs\x12\x16\n" +
-	"\x06scarce\x18\a \x01(\bR\x06scarce\x12\x1a\n" +
+	"\rgranted_at_ms\x18\x06 \x01(\x03R\vgrantedAtMs\x12\x1a\n" +
 	"\breplayed\x18\b \x01(\bR\breplayed\x12%\n" +
 	"\x0ecredited_micro\x18\t \x01(\x03R\rcreditedMicro\x12\x17\n" +
 	"\apace_ms\x18\n" +
-	" \x01(\x03R\x06paceMs\"\x9a\x01\n" +
+	" \x01(\x03R\x06paceMsJ\x04\b\a\x10\bR\x06scarce\"\x9a\x01\n" +
 	"\x0fAcquireResponse\x12C\n" +
 	"\aresults\x18\x01 \x03(\v2).leasebucket.coordinator.v1.AcquireResultR\aresults\x12B\n" +
 	"\areturns\x18\x02 \x03(\v2(.leasebucket.coordinator.v1.ReturnResultR\areturns\"\xa1\x01\n" +
