@@ -185,7 +185,7 @@ func (st *checkStream) handle(req *agentv1.CheckStreamRequest) error {
 	}
 	s.metrics.batch(apiStream, len(req.Checks))
 	slots := batchSlots(req.Checks)
-	now := s.clk.Now()
+	now := s.now()
 	if !s.startAll(now, slots) {
 		s.recordAll(apiStream, now, slots)
 		return st.answer(req.Id, slots)

@@ -18,7 +18,7 @@ import (
 // It reports false, having decided nothing, when a descriptor's rule is in direct mode: such a
 // request is charged per descriptor.
 func (s *Server) decideTogether(ctx context.Context, slots []slot) bool {
-	now := s.clk.Now()
+	now := s.now()
 	wait := s.maxWait
 	if d, ok := ctx.Deadline(); ok {
 		wait = min(wait, time.Until(d)-deadlineMargin)
@@ -57,17 +57,17 @@ func (s *Server) decideTogether(ctx context.Context, slots []slot) bool {
 				}
 			case <-timer.C:
 				s.metrics.fallback()
-				s.refuseTogether(slots, owners[j], s.lim.Fallback(s.clk.Now(), v.Ticket))
+				s.refuseTogether(slots, owners[j], s.lim.Fallback(s.now(), v.Ticket))
 				decided = true
 			case <-ctx.Done():
-				s.lim.Fallback(s.clk.Now(), v.Ticket) // leaves its key's queue
+				s.lim.Fallback(s.now(), v.Ticket) // leaves its key's queue
 				for i := range slots {
 					s.resolve(&slots[i], Verdict{}, ctx.Err())
 				}
 				return true
 			}
 		}
-		now = s.clk.Now()
+		now = s.now()
 	}
 	s.recordAll(apiEnvoy, now, slots)
 	return true

@@ -62,8 +62,13 @@ type ServerConfig struct {
 // same whichever API a gateway uses.
 type Server struct {
 	agentv1.UnimplementedAgentServiceServer
-	lim     *Limiter
-	clk     clock.Clock
+	lim *Limiter
+	clk clock.Clock
+	// now is the reading each call decides by: the clock's exact reading (Fresh) when it has one.
+	// A coarse clock is updated by a ticker goroutine; after the process was starved, a call may
+	// run before the ticker does, and a stale reading would let a lease look alive past its
+	// expiry. One exact reading a call costs tens of nanoseconds against microseconds of gRPC.
+	now     func() clock.Nanos
 	maxWait time.Duration
 	metrics *Metrics
 	log     *zap.Logger
@@ -83,8 +88,11 @@ func NewServer(cfg ServerConfig) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	s := &Server{lim: cfg.Limiter, clk: cfg.Clock, maxWait: cfg.MaxWait, metrics: cfg.Metrics, log: cfg.Logger,
+	s := &Server{lim: cfg.Limiter, clk: cfg.Clock, now: cfg.Clock.Now, maxWait: cfg.MaxWait, metrics: cfg.Metrics, log: cfg.Logger,
 		audit: cfg.Audit, draining: make(chan struct{})}
+	if f, ok := cfg.Clock.(interface{ Fresh() clock.Nanos }); ok {
+		s.now = f.Fresh
+	}
 	s.quota = newQuotaService(s, cfg.QuotaIdle)
 	if cfg.IdempotencyWindow >= 0 {
 		if cfg.IdempotencyWindow == 0 {
@@ -158,7 +166,7 @@ const (
 // decide runs the check path over slots: start each without blocking, settle those that wait
 // (one wait bound for all), then count and audit each.
 func (s *Server) decide(ctx context.Context, api string, slots []slot) {
-	now := s.clk.Now()
+	now := s.now()
 	if s.startAll(now, slots) {
 		s.settle(ctx, slots)
 	}
@@ -271,7 +279,7 @@ func (s *Server) settle(ctx context.Context, slots []slot) {
 				if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 					for j := i; j < len(slots); j++ {
 						if slots[j].state == slotLease {
-							s.lim.Fallback(s.clk.Now(), slots[j].v.Ticket) // leaves its key's queue
+							s.lim.Fallback(s.now(), slots[j].v.Ticket) // leaves its key's queue
 						}
 						if slots[j].state != slotDone {
 							s.resolve(&slots[j], Verdict{}, ctx.Err())
@@ -286,7 +294,7 @@ func (s *Server) settle(ctx context.Context, slots []slot) {
 		switch sl.state {
 		case slotLease:
 			s.metrics.fallback()
-			s.resolve(sl, s.lim.Fallback(s.clk.Now(), sl.v.Ticket), nil)
+			s.resolve(sl, s.lim.Fallback(s.now(), sl.v.Ticket), nil)
 		case slotFirst:
 			s.resolve(sl, Verdict{}, ErrIdempotencyPending)
 		}
@@ -302,7 +310,7 @@ func (s *Server) proceed(sl *slot) {
 			return
 		}
 		// Its key was retired while it waited: check again against the current view.
-		v, err := s.lim.Check(s.clk.Now(), sl.q)
+		v, err := s.lim.Check(s.now(), sl.q)
 		if err != nil {
 			s.resolve(sl, v, err)
 			return
@@ -316,7 +324,7 @@ func (s *Server) proceed(sl *slot) {
 	}
 	// The first check was not an allow (or failed): nothing is remembered, decide this one.
 	sl.rec = nil
-	s.start(s.clk.Now(), sl)
+	s.start(s.now(), sl)
 }
 
 // record counts a finished check and audits it.
