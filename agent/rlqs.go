@@ -106,10 +106,7 @@ func newQuotaService(s *Server, idle time.Duration) *quotaService {
 // StreamRateLimitQuotas implements envoy.service.rate_limit_quota.v3.RateLimitQuotaService.
 func (qs *quotaService) StreamRateLimitQuotas(stream grpc.BidiStreamingServer[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse]) error {
 	st := &quotaStream{qs: qs, s: qs.s, stream: stream, ctx: stream.Context(), buckets: map[string]*quotaBucket{},
-		ready: make(chan *quotaBucket), done: make(chan struct{}), fresh: qs.s.clk.Now}
-	if f, ok := qs.s.clk.(interface{ Fresh() clock.Nanos }); ok {
-		st.fresh = f.Fresh
-	}
+		ready: make(chan *quotaBucket), done: make(chan struct{}), fresh: qs.s.now}
 	qs.s.metrics.quota().stream(1)
 	defer qs.s.metrics.quota().stream(-1)
 	err := st.run()
@@ -262,7 +259,7 @@ func (st *quotaStream) onReports(m *rlqsv3.RateLimitQuotaUsageReports) error {
 		st.s.metrics.quota().refused()
 		return err
 	}
-	now := st.s.clk.Now()
+	now := st.fresh()
 	for i, u := range m.BucketQuotaUsages {
 		sig := st.sigs[i]
 		b := st.buckets[sig]
@@ -397,7 +394,7 @@ func (st *quotaStream) unschedule(b *quotaBucket) {
 
 // onDue looks at every bucket whose time came.
 func (st *quotaStream) onDue() {
-	now := st.s.clk.Now()
+	now := st.fresh()
 	for len(st.due) > 0 && st.due[0].dueAt <= now {
 		b := heap.Pop(&st.due).(*quotaBucket)
 		st.refresh(now, b, false)
@@ -430,7 +427,7 @@ func (st *quotaStream) onReady(b *quotaBucket) {
 		return // abandoned meanwhile: the ticket was dropped then
 	}
 	b.ticket = nil
-	now := st.s.clk.Now()
+	now := st.fresh()
 	select {
 	case <-t.Ready():
 	default:
