@@ -39,6 +39,20 @@ func envoyClient(t testing.TB, s *stack) ratelimitv3.RateLimitServiceClient {
 	return ratelimitv3.NewRateLimitServiceClient(conn)
 }
 
+// envoyCaller returns a function that sends one ShouldRateLimit of the leasebucket domain with
+// the descriptors and hits_addend given, failing the test on an error.
+func envoyCaller(t *testing.T, client ratelimitv3.RateLimitServiceClient) func(hits uint32, ds ...*commonv3.RateLimitDescriptor) *ratelimitv3.RateLimitResponse {
+	return func(hits uint32, ds ...*commonv3.RateLimitDescriptor) *ratelimitv3.RateLimitResponse {
+		t.Helper()
+		resp, err := client.ShouldRateLimit(ctxTimeout(t, 5*time.Second),
+			&ratelimitv3.RateLimitRequest{Domain: "leasebucket", Descriptors: ds, HitsAddend: hits})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+}
+
 func headerValue(resp *ratelimitv3.RateLimitResponse, key string) (string, bool) {
 	for _, h := range resp.ResponseHeadersToAdd {
 		if h.Key == key {
@@ -121,11 +135,6 @@ func TestEnvoyCardExample(t *testing.T) {
 	}
 }
 
-// TestEnvoyDescriptors: every descriptor is evaluated; the overall code is OVER_LIMIT if any is;
-// a descriptor that is allowed keeps its charge when another is over its limit (as Envoy's
-// reference service charges each descriptor on its own); hits_addend is the cost, the
-// descriptor's own overriding the request's, and unset it is the rule's cost. The global
-// bucket's clock stands still, so each bucket allows exactly its burst.
 // TestEnvoyPerDescriptor: with envoy.charge: per_descriptor, as Envoy's reference service does,
 // a refused descriptor leaves the others' charges spent.
 func TestEnvoyPerDescriptor(t *testing.T) {
@@ -135,16 +144,7 @@ func TestEnvoyPerDescriptor(t *testing.T) {
 	}
 	text := strings.Replace(string(data), "  operation_key: method\n", "  operation_key: method\n  charge: per_descriptor\n", 1)
 	s := newStack(t, parsePolicy(t, text), stackOptions{})
-	client := envoyClient(t, s)
-	call := func(hits uint32, ds ...*commonv3.RateLimitDescriptor) *ratelimitv3.RateLimitResponse {
-		t.Helper()
-		resp, err := client.ShouldRateLimit(ctxTimeout(t, 5*time.Second),
-			&ratelimitv3.RateLimitRequest{Domain: "leasebucket", Descriptors: ds, HitsAddend: hits})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp
-	}
+	call := envoyCaller(t, envoyClient(t, s))
 	trial := descriptor("tenant", "trial-co", "path", "/orders", "method", "GET")
 	acme := descriptor("tenant", "acme", "path", "/orders/1", "method", "GET")
 	if resp := call(5, trial); resp.OverallCode != ratelimitv3.RateLimitResponse_OK {
@@ -161,18 +161,14 @@ func TestEnvoyPerDescriptor(t *testing.T) {
 	}
 }
 
+// TestEnvoyDescriptors: every descriptor is evaluated; the overall code is OVER_LIMIT if any is;
+// a descriptor that is allowed keeps its charge when another is over its limit (as Envoy's
+// reference service charges each descriptor on its own); hits_addend is the cost, the
+// descriptor's own overriding the request's, and unset it is the rule's cost. The global
+// bucket's clock stands still, so each bucket allows exactly its burst.
 func TestEnvoyDescriptors(t *testing.T) {
 	s := newStack(t, loadPolicy(t, examplePolicy), stackOptions{})
-	client := envoyClient(t, s)
-	call := func(hits uint32, ds ...*commonv3.RateLimitDescriptor) *ratelimitv3.RateLimitResponse {
-		t.Helper()
-		resp, err := client.ShouldRateLimit(ctxTimeout(t, 5*time.Second),
-			&ratelimitv3.RateLimitRequest{Domain: "leasebucket", Descriptors: ds, HitsAddend: hits})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp
-	}
+	call := envoyCaller(t, envoyClient(t, s))
 	// exhaust sends single requests until OVER_LIMIT and returns how many were OK.
 	exhaust := func(d *commonv3.RateLimitDescriptor) int {
 		t.Helper()
