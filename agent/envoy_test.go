@@ -474,15 +474,8 @@ func metricValues(t testing.TB, reg *prometheus.Registry) map[string]float64 {
 // turn and are then all charged once.
 func TestEnvoyTogether(t *testing.T) {
 	s := newStack(t, loadPolicy(t, examplePolicy), stackOptions{})
-	client := envoyClient(t, s)
-	call := func(ds ...*commonv3.RateLimitDescriptor) *ratelimitv3.RateLimitResponse {
-		t.Helper()
-		resp, err := client.ShouldRateLimit(ctxTimeout(t, 5*time.Second), &ratelimitv3.RateLimitRequest{Domain: "leasebucket", Descriptors: ds})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp
-	}
+	send := envoyCaller(t, envoyClient(t, s))
+	call := func(ds ...*commonv3.RateLimitDescriptor) *ratelimitv3.RateLimitResponse { return send(0, ds...) }
 	a := descriptor("tenant", "acme", "path", "/orders/1", "method", "GET")
 	b := descriptor("tenant", "beta", "path", "/orders/2", "method", "GET")
 	if resp := call(a, b); resp.OverallCode != ratelimitv3.RateLimitResponse_OK || resp.Statuses[0].Code != ratelimitv3.RateLimitResponse_OK ||
