@@ -16,7 +16,9 @@ import (
 )
 
 //go:embed admin.lua
-var adminLua string
+var adminBody string
+
+var adminLua = intmathLua + adminBody
 
 var adminScript = redis.NewScript(adminLua)
 

@@ -11,7 +11,7 @@
 --          set:     {now, HGETALL before, HGETALL after}
 --
 -- Numbers are IEEE doubles kept integers below 2^53 (bucket.NewLimit's invariants, as in
--- bucket.lua); they are written with %d.
+-- bucket.lua); they are written with %d. intmath.lua, prepended, defines idiv, ceil_div and int.
 
 local key = KEYS[1]
 local op = ARGV[1]
@@ -35,27 +35,6 @@ local den = tonumber(ARGV[5])
 local level = tonumber(ARGV[6]) -- 0 <= level <= capacity, checked by the caller
 local expiry_margin = tonumber(ARGV[7])
 
--- floor(a / b) for integers 0 <= a, 1 <= b below 2^53, exactly (bucket.lua's idiv).
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then
-    q = q - 1
-  elseif r >= b then
-    q = q + 1
-  end
-  return q
-end
-
--- ceil(a / b) for 0 <= a, 1 <= b (bucket.lua's ceil_div).
-local function ceil_div(a, b)
-  local q = idiv(a, b)
-  if q * b ~= a then
-    q = q + 1
-  end
-  return q
-end
-
 -- ceil(amount * den / num) for 0 <= amount <= capacity, num > 0 (bucket.lua's time_for with no
 -- fraction): the ms until amount more microtokens are there.
 local function time_for(amount)
@@ -63,10 +42,6 @@ local function time_for(amount)
   local r = amount - q * num -- q*num <= amount
   return q * den -- q*den <= capacity*den/num <= MaxFill = 2^45
     + ceil_div(r * den, num) -- r*den < num*den <= 2^53 - 1
-end
-
-local function int(x)
-  return string.format('%d', x)
 end
 
 local before = redis.call('HGETALL', key)

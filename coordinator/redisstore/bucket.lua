@@ -30,8 +30,8 @@
 -- multiplication (bucket.NewLimit guarantees the invariants it relies on). Division is never used
 -- directly: idiv computes an exact floor. Numbers are written with %d, never tostring's %.14g.
 --
--- common.lua, prepended to this script, reads ARGV 1 and 6..17 and defines idiv, ceil_div, int,
--- now, rec_field, take_share and sweep.
+-- intmath.lua and common.lua, prepended to this script: idiv, ceil_div and int; ARGV 1 and
+-- 6..17, now, rec_field, take_share and sweep.
 
 local capacity = tonumber(ARGV[2])
 local num = tonumber(ARGV[3]) -- refill: num microtokens every den ms; num == 0 never refills

@@ -1,9 +1,9 @@
 -- common.lua: what bucket.lua and counter.lua share. redisstore.go prepends it to each, so each
 -- script is still one self-contained EVAL touching KEYS[1] only. It reads the arguments both take
--- alike (ARGV 1 and 6..17, see either script's header) and defines the exact integer helpers, the
--- clock, the field of the calling agent's idempotency record, a take's share of the tokens and the
--- sweep of old records. Numbers follow bucket.lua's header: integers below 2^53, no division but
--- idiv, written with %d.
+-- alike (ARGV 1 and 6..17, see either script's header) and defines the clock, the field of the
+-- calling agent's idempotency record, a take's share of the tokens and the sweep of old records.
+-- It follows intmath.lua. Numbers follow bucket.lua's header: integers below 2^53, no division
+-- but idiv, written with %d.
 
 local key = KEYS[1]
 local op = ARGV[1]
@@ -23,36 +23,6 @@ local ret_granted_at = tonumber(ARGV[17]) -- take: that lease's grant time (ms)
 local WHOLE = 1000 -- bucket.WholeShare
 local NEVER = -1 -- bucket.Never
 local REPLAYED, STALE = 1, 2
-
--- floor(a / b) for integers 0 <= a <= 2^53 - 1 and 1 <= b <= 2^53 - 1, exactly. Float division
--- rounds, and a quotient just below an integer could round up to it; the true quotient is
--- representable and rounding is monotonic, so floor(a / b) is the true quotient or one more. One
--- more makes q*b exceed a (a product past 2^53 rounds to at least 2^53, still above a), which
--- a - q*b < 0 detects; otherwise q*b <= a is exact. (Under round-to-nearest, rounding up needs
--- a >= 2^53 - 1, which no argument here reaches; the check keeps the helper exact regardless.)
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then
-    q = q - 1
-  elseif r >= b then
-    q = q + 1
-  end
-  return q
-end
-
--- ceil(a / b) for 0 <= a, 1 <= b, without forming a + b - 1 (bucket.ceilDiv).
-local function ceil_div(a, b)
-  local q = idiv(a, b)
-  if q * b ~= a then -- q*b <= a: exact
-    q = q + 1
-  end
-  return q
-end
-
-local function int(x)
-  return string.format('%d', x)
-end
 
 -- now: the injected clock, or Redis TIME in milliseconds.
 local now

@@ -25,7 +25,7 @@
 -- amounts and times are at most 2^52, checked by the coordinator): only comparisons, additions
 -- and subtractions of them, and the permille split of common.lua, which stays below 2^53.
 --
--- common.lua, prepended to this script, reads ARGV 1 and 6..17 and defines idiv, int, now,
+-- intmath.lua and common.lua, prepended to this script: idiv and int; ARGV 1 and 6..17, now,
 -- rec_field, take_share and sweep.
 
 local quota = tonumber(ARGV[2])

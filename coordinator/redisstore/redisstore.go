@@ -38,24 +38,27 @@ import (
 	"github.com/leasebucket/leasebucket/internal/lease"
 )
 
-// commonLua is what the bucket and counter scripts share (their common arguments, exact integer
-// helpers, the clock, the share of a take, the sweep of records); each script is it followed by
-// its own text, one self-contained EVAL.
+// intmathLua is the exact integer arithmetic every script of the package uses; commonLua what the
+// bucket and counter scripts share besides (their common arguments, the clock, the share of a take,
+// the sweep of records). Each script is them followed by its own text, one self-contained EVAL.
 //
+//go:embed intmath.lua
+var intmathLua string
+
 //go:embed common.lua
 var commonLua string
 
 //go:embed bucket.lua
 var bucketBody string
 
-var bucketLua = commonLua + bucketBody
+var bucketLua = intmathLua + commonLua + bucketBody
 
 var script = redis.NewScript(bucketLua)
 
 //go:embed counter.lua
 var counterBody string
 
-var counterLua = commonLua + counterBody
+var counterLua = intmathLua + commonLua + counterBody
 
 // counterScript runs the requests on calendar counters (those with a Period).
 var counterScript = redis.NewScript(counterLua)
