@@ -227,6 +227,22 @@ func (s *State) Take(l Limit, now Millis, want, least Micro) Result {
 // WholeShare is the share (in permille) that does not cap a grant.
 const WholeShare = 1000
 
+// grantOf is what a take grants from tokens >= least (TakeShare's rule, for buckets and counters
+// alike; common.lua's take_share in the stores): want, capped at share‰ of tokens but never below
+// least, at most tokens, and when cut below want rounded down to a multiple of unit, never below
+// least.
+func grantOf(tokens, want, least Micro, share int64, unit Micro) Micro {
+	capped := want
+	if share < WholeShare {
+		capped = min(want, max(least, Permille(tokens, share)))
+	}
+	g := min(capped, tokens)
+	if g < want && unit > 1 {
+		g = max(least, g-g%unit)
+	}
+	return g
+}
+
 // TakeShare is Take with the grant also capped at share‰ of the tokens available, but never below
 // least: one lease cannot drain a bucket that other agents need, and when the bucket runs low the
 // grant shrinks to least (one request's cost). A grant cut below want — by the share or by what
@@ -235,16 +251,9 @@ const WholeShare = 1000
 // Preconditions: 1 <= least <= want; 1 <= share <= 1000; unit >= 1.
 func (s *State) TakeShare(l Limit, now Millis, want, least Micro, share int64, unit Micro) Result {
 	s.Refill(l, now)
-	capped := want
-	if share < WholeShare {
-		capped = min(want, max(least, Permille(s.Tokens, share)))
-	}
 	switch {
 	case s.Tokens >= least:
-		g := min(capped, s.Tokens)
-		if g < want && unit > 1 {
-			g = max(least, g-g%unit)
-		}
+		g := grantOf(s.Tokens, want, least, share, unit)
 		s.Tokens -= g
 		return Result{Granted: g, Remaining: s.Tokens}
 	case least > l.capacity || l.num == 0:

@@ -82,16 +82,9 @@ func (c *Counter) Take(quota Micro, w Window, now Millis, want, least Micro, sha
 	if err != nil {
 		return Result{}, err
 	}
-	capped := want
-	if share < WholeShare {
-		capped = min(want, max(least, Permille(c.Tokens, share)))
-	}
 	switch {
 	case c.Tokens >= least:
-		g := min(capped, c.Tokens)
-		if g < want && unit > 1 {
-			g = max(least, g-g%unit)
-		}
+		g := grantOf(c.Tokens, want, least, share, unit)
 		c.Tokens -= g
 		return Result{Granted: g, Remaining: c.Tokens}, nil
 	case least > quota:
