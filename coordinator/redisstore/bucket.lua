@@ -85,30 +85,14 @@ if tokens and expiry and now >= expiry then
   tokens, last, expiry, frac, compete_until, record = nil, nil, nil, 0, nil, nil
 end
 
--- Idempotency: a repeat of the agent's last operation is answered from its record; an older
--- operation is stale. Neither changes anything.
+-- Idempotency (common.lua): a repeat is answered from its record, an older operation is stale.
 local took_at = nil -- the key clock of this agent's last take (lease.Contend)
-if record then
-  local f = {}
-  for w in string.gmatch(record, '%S+') do
-    f[#f + 1] = tonumber(w)
-  end
-  if op == 'take' then
-    took_at = f[#f] -- a record's time is its last word
-  end
-  if f[1] == seq then
-    if op == 'take' then
-      if #f == 8 then
-        return {f[2], f[3], f[4], f[8], REPLAYED, f[5], f[6]}
-      elseif #f == 6 then
-        return {f[2], f[3], f[4], f[6], REPLAYED, f[5], 0}
-      end
-      return {f[2], f[3], f[4], f[5], REPLAYED, 0, 0}
-    end
-    return {f[2], f[3], 0, f[4], REPLAYED, 0, 0}
-  elseif f[1] > seq then
-    return {0, tokens, 0, last, STALE, 0, 0}
-  end
+local rec_words, answer = replay(record, tokens, last)
+if answer then
+  return answer
+end
+if rec_words and op == 'take' then
+  took_at = rec_words[#rec_words] -- a record's time is its last word
 end
 
 if not tokens or not last then

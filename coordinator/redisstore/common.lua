@@ -1,7 +1,7 @@
 -- common.lua: what bucket.lua and counter.lua share. redisstore.go prepends it to each, so each
 -- script is still one self-contained EVAL touching KEYS[1] only. It reads the arguments both take
 -- alike (ARGV 1 and 6..17, see either script's header) and defines the clock, the field of the
--- calling agent's idempotency record, a take's share of the tokens and the sweep of old records.
+-- calling agent's idempotency record and its replay, a take's share of the tokens and the sweep of old records.
 -- It follows intmath.lua. Numbers follow bucket.lua's header: integers below 2^53, no division
 -- but idiv, written with %d.
 
@@ -39,6 +39,35 @@ end
 local rec_field = nil
 if agent ~= '' then
   rec_field = (op == 'take' and 'a:' or 'r:') .. agent
+end
+
+-- Idempotency: the words of the calling agent's last record on the key (nil without one), and
+-- the answer to a repeat of that operation (REPLAYED, from the record) or to an older one (STALE),
+-- nil for a new operation. Neither changes anything. Take records hold "seq granted remaining
+-- retry credited pace demand now" (older versions "seq granted remaining retry [credited] now"),
+-- return records "seq credited remaining now"; the time is always the last word.
+local function replay(record, tokens, last)
+  if not record then
+    return nil, nil
+  end
+  local f = {}
+  for w in string.gmatch(record, '%S+') do
+    f[#f + 1] = tonumber(w)
+  end
+  if f[1] == seq then
+    if op == 'take' then
+      if #f == 8 then
+        return f, {f[2], f[3], f[4], f[8], REPLAYED, f[5], f[6]}
+      elseif #f == 6 then
+        return f, {f[2], f[3], f[4], f[6], REPLAYED, f[5], 0}
+      end
+      return f, {f[2], f[3], f[4], f[5], REPLAYED, 0, 0}
+    end
+    return f, {f[2], f[3], 0, f[4], REPLAYED, 0, 0}
+  elseif f[1] > seq then
+    return f, {0, tokens, 0, last, STALE, 0, 0}
+  end
+  return f, nil
 end
 
 -- State.TakeShare on tokens already refilled: the grant of a take of want, at least least, capped at

@@ -43,20 +43,10 @@ if tokens and expiry and now >= expiry then
   tokens, last, period, expiry, record = nil, nil, nil, nil, nil
 end
 
--- Idempotency, as in bucket.lua.
-if record then
-  local f = {}
-  for w in string.gmatch(record, '%S+') do
-    f[#f + 1] = tonumber(w)
-  end
-  if f[1] == seq then
-    if op == 'take' then
-      return {f[2], f[3], f[4], f[8], REPLAYED, f[5], 0}
-    end
-    return {f[2], f[3], 0, f[4], REPLAYED, 0, 0}
-  elseif f[1] > seq then
-    return {0, tokens, 0, last, STALE, 0, 0}
-  end
+-- Idempotency (common.lua): a repeat is answered from its record, an older operation is stale.
+local _, answer = replay(record, tokens, last)
+if answer then
+  return answer
 end
 
 if not tokens or not last then
