@@ -308,10 +308,10 @@ func (l *Limiter) slowCheck(now clock.Nanos, e *entry, c int64) Verdict {
 
 // promoteLocked replaces an exhausted or expired current lease by the prefetched one.
 func (l *Limiter) promoteLocked(now clock.Nanos, e *entry) bool {
-	if e.s().next.tokens == 0 {
+	n := e.s().next
+	if n.tokens == 0 {
 		return false
 	}
-	n := e.s().next
 	e.setNextLocked(grant{})
 	e.prefetchDoneLocked()
 	l.handBackLocked(now, e, e.retireLocked())

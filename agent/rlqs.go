@@ -106,7 +106,7 @@ func newQuotaService(s *Server, idle time.Duration) *quotaService {
 // StreamRateLimitQuotas implements envoy.service.rate_limit_quota.v3.RateLimitQuotaService.
 func (qs *quotaService) StreamRateLimitQuotas(stream grpc.BidiStreamingServer[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse]) error {
 	st := &quotaStream{qs: qs, s: qs.s, stream: stream, ctx: stream.Context(), buckets: map[string]*quotaBucket{},
-		ready: make(chan *quotaBucket), done: make(chan struct{}), fresh: qs.s.now}
+		ready: make(chan *quotaBucket), done: make(chan struct{})}
 	qs.s.metrics.quota().stream(1)
 	defer qs.s.metrics.quota().stream(-1)
 	err := st.run()
@@ -163,7 +163,6 @@ type quotaStream struct {
 	s      *Server
 	stream grpc.BidiStreamingServer[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse]
 	ctx    context.Context
-	fresh  func() clock.Nanos
 
 	domain  string // from the first report
 	buckets map[string]*quotaBucket
@@ -235,7 +234,7 @@ func (st *quotaStream) run() error {
 func (st *quotaStream) close() {
 	close(st.done)
 	st.wg.Wait()
-	now := st.fresh()
+	now := st.s.now()
 	for _, b := range st.buckets {
 		st.forget(now, b)
 	}
@@ -259,7 +258,7 @@ func (st *quotaStream) onReports(m *rlqsv3.RateLimitQuotaUsageReports) error {
 		st.s.metrics.quota().refused()
 		return err
 	}
-	now := st.fresh()
+	now := st.s.now()
 	for i, u := range m.BucketQuotaUsages {
 		sig := st.sigs[i]
 		b := st.buckets[sig]
@@ -394,7 +393,7 @@ func (st *quotaStream) unschedule(b *quotaBucket) {
 
 // onDue looks at every bucket whose time came.
 func (st *quotaStream) onDue() {
-	now := st.fresh()
+	now := st.s.now()
 	for len(st.due) > 0 && st.due[0].dueAt <= now {
 		b := heap.Pop(&st.due).(*quotaBucket)
 		st.refresh(now, b, false)
@@ -427,7 +426,7 @@ func (st *quotaStream) onReady(b *quotaBucket) {
 		return // abandoned meanwhile: the ticket was dropped then
 	}
 	b.ticket = nil
-	now := st.fresh()
+	now := st.s.now()
 	select {
 	case <-t.Ready():
 	default:

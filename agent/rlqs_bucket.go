@@ -260,7 +260,7 @@ func (st *quotaStream) decided(now clock.Nanos, b *quotaBucket, r Reservation, v
 
 // assign sends a token bucket assignment backed by r, and releases what it cannot hand out.
 func (st *quotaStream) assign(b *quotaBucket, r Reservation) {
-	now := st.fresh() // the ttl is measured from here: read the clock exactly
+	now := st.s.now() // the ttl is measured from here: read the clock exactly
 	plan := planAssignments(lease.TTL(r.Limits.Bucket))
 	ttl := plan.ttl(now, r.Expires)
 	k := min(int64(r.Tokens/r.Unit), maxAssignTokens)
