@@ -127,7 +127,8 @@ func (e *entry) sw() *slowState {
 	return e.slow
 }
 
-// trimLocked drops the slow state once it holds nothing. e.mu is held.
+// trimLocked drops the slow state once it holds nothing. e.mu is held; unlock calls it, so every
+// change under the lock ends with it.
 func (e *entry) trimLocked() {
 	if s := e.slow; s != nil && s.next.tokens == 0 && s.back.amount == 0 && len(s.waiting) == 0 {
 		e.slow = nil
@@ -150,7 +151,6 @@ func (e *entry) wait(t *Ticket) {
 func (e *entry) dropWaiting(n int) {
 	if s := e.slow; s != nil && n > 0 {
 		s.waiting = dropFront(s.waiting, n)
-		e.trimLocked()
 	}
 }
 
@@ -166,14 +166,12 @@ func (e *entry) unwait(t *Ticket) {
 			break
 		}
 	}
-	e.trimLocked()
 }
 
 // clearBack forgets the unspent leases to hand back (sent, or not worth sending). e.mu is held.
 func (e *entry) clearBack() {
 	if e.slow != nil {
 		e.slow.back = handBack{}
-		e.trimLocked()
 	}
 }
 
@@ -239,7 +237,6 @@ func (e *entry) setNextLocked(n grant) {
 		e.sw().next = n
 	} else if e.slow != nil {
 		e.slow.next = grant{}
-		e.trimLocked()
 	}
 	e.setRemainingLocked()
 }
