@@ -48,8 +48,16 @@ type charge struct {
 	skipped bool
 }
 
-// checkCharges decides a check of a route with charges (see above).
+// checkCharges decides a check of a route with charges (see above). The common case, every lease
+// serving, is spendLinked's: lock-free, with no list of charges built.
 func (l *Limiter) checkCharges(now clock.Nanos, res *resolved, tenant string) Verdict {
+	if e := res.e; e != nil && e.touched.Load() {
+		if ln := e.links.Load(); ln != nil {
+			if least, left, ok := l.spendLinked(now, e, ln, res.cost); ok {
+				return Verdict{Outcome: Allow, Remaining: bucket.Micro(left), Rule: least.rule, Limits: least.lim}
+			}
+		}
+	}
 	var cs [policy.MaxCharges + 1]charge
 	n := l.chargeEntries(res, tenant, &cs)
 	v, _ := l.spendAll(now, cs[:n])
@@ -63,6 +71,62 @@ func (l *Limiter) checkCharges(now clock.Nanos, res *resolved, tenant string) Ve
 		v.Rule, v.Limits = res.route.Rule, res.lim
 	}
 	return v
+}
+
+// spendLinked is the common case of a check of several buckets: the key's entry is known and
+// used, its links are found, and every bucket's lease serves the cost. It spends the cost from
+// e's lease, then from each link's, lock-free, and reports the bucket with the fewest requests
+// left and what it has left, as allowCharges does; a lease it leaves below its low water is
+// refilled ahead of need. The links are looked at before anything is spent, so a flood over one
+// limit never touches the others. ok is false when a lease cannot serve, and nothing is left
+// spent (a link that a concurrent check emptied after the look has what was spent before it
+// refunded): spendAll decides (a cached denial, a shadow rule's bucket, a prefetched lease, a
+// refill to wait for).
+func (l *Limiter) spendLinked(now clock.Nanos, e *entry, ln *chargeLinks, c int64) (least *entry, leastLeft int64, ok bool) {
+	links := ln.e[:ln.n]
+	for _, ce := range links {
+		// A dead link's lease was retired (a dead entry never gets another): it cannot serve, and
+		// chargeEntries finds the current entry.
+		if int64(now) >= ce.expires.Load() || ce.tokens.Load() < c {
+			return nil, 0, false
+		}
+		if !ce.touched.Load() {
+			ce.touched.Store(true)
+		}
+	}
+	left, lease, ok := e.spendLease(now, c)
+	if !ok {
+		return nil, 0, false
+	}
+	if left < e.lowWater.Load() && !e.refilling.Load() {
+		l.prefetch(e)
+	}
+	least, leastLeft = e, left+e.remaining.Load()
+	var leases [policy.MaxCharges]int64 // the lease each link's cost came from, for a refund
+	for i, ce := range links {
+		if left, leases[i], ok = ce.spendLease(now, c); !ok {
+			l.refundLinked(e, lease, links[:i], leases[:i], c)
+			return nil, 0, false
+		}
+		if left < ce.lowWater.Load() && !ce.refilling.Load() {
+			l.prefetch(ce)
+		}
+		if all := left + ce.remaining.Load(); all < leastLeft {
+			least, leastLeft = ce, all
+		}
+	}
+	return least, leastLeft, true
+}
+
+// refundLinked undoes what spendLinked spent before a link could not serve: c from e's lease
+// and from each of links' (leases: where each came from).
+func (l *Limiter) refundLinked(e *entry, lease int64, links []*entry, leases []int64, c int64) {
+	var cs [policy.MaxCharges + 1]charge
+	cs[0] = charge{e: e, cost: c, lease: lease}
+	for i, ce := range links {
+		cs[i+1] = charge{e: ce, cost: c, lease: leases[i]}
+	}
+	l.refund(cs[:len(links)+1])
 }
 
 // spendAll spends every charge's cost or none. Allowed, the verdict is a bare Allow (the caller
@@ -84,7 +148,7 @@ func (l *Limiter) spendAll(now clock.Nanos, cs []charge) (v Verdict, refused int
 		i := 0
 		for ; i < len(cs); i++ {
 			cs[i].lease, cs[i].skipped = 0, false
-			exp, ok := cs[i].e.spendLease(now, cs[i].cost)
+			_, exp, ok := cs[i].e.spendLease(now, cs[i].cost)
 			if ok {
 				cs[i].lease = exp
 				continue
@@ -98,7 +162,7 @@ func (l *Limiter) spendAll(now clock.Nanos, cs []charge) (v Verdict, refused int
 				continue
 			}
 			if again {
-				if exp, ok := cs[i].e.spendLease(now, cs[i].cost); ok {
+				if _, exp, ok := cs[i].e.spendLease(now, cs[i].cost); ok {
 					cs[i].lease = exp
 					continue
 				}
@@ -222,25 +286,26 @@ func allowCharges(cs []charge) Verdict {
 	return Verdict{Outcome: Allow, Remaining: bucket.Micro(leastLeft), Rule: least.rule, Limits: least.lim}
 }
 
-// spendLease is spend that also reports which lease the tokens came from (its expiry). The lease
-// is known only if it is still current after the decrement; otherwise the expiry reported is 0
+// spendLease is spend that also reports which lease the tokens came from (its expiry), and what
+// that lease holds after the decrement (left). The lease is known only if it is still current
+// after the decrement; otherwise the expiry reported is 0
 // and a refund of these tokens is not made (they stay spent: the rare race with a refill loses
 // them, it never moves a token into another lease).
-func (e *entry) spendLease(now clock.Nanos, cost int64) (lease int64, ok bool) {
+func (e *entry) spendLease(now clock.Nanos, cost int64) (left, lease int64, ok bool) {
 	exp := e.expires.Load()
 	if int64(now) >= exp {
-		return 0, false
+		return 0, 0, false
 	}
 	for {
 		t := e.tokens.Load()
 		if t < cost {
-			return 0, false
+			return t, 0, false
 		}
 		if e.tokens.CompareAndSwap(t, t-cost) {
 			if e.expires.Load() != exp {
-				return 0, true
+				return t - cost, 0, true
 			}
-			return exp, true
+			return t - cost, exp, true
 		}
 	}
 }
