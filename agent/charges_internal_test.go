@@ -285,3 +285,21 @@ func TestChargesFastPathRace(t *testing.T) {
 		t.Logf("round %d: %d of %d checks allowed, %d refunds", round, n, 3*2000, l.Stats().Refunds.Load())
 	}
 }
+
+// TestChargesMarkLinksUsed: a check marks every bucket it charges used, not only its key's own,
+// so that the eviction hand (which clears the marks as it passes) keeps the leases of a hot key's
+// links as it keeps the key's.
+func TestChargesMarkLinksUsed(t *testing.T) {
+	l, q, own, second, budget := chargedKey(t)
+	for _, e := range []*entry{second, budget} {
+		e.touched.Store(false) // the hand passed
+	}
+	if v, err := l.Check(clock.Nanos(time.Second), q); err != nil || v.Outcome != Allow {
+		t.Fatalf("Check = %v, %v", v.Outcome, err)
+	}
+	for _, e := range []*entry{own, second, budget} {
+		if !e.touched.Load() {
+			t.Errorf("%s not marked used by the check", e.rule.Name)
+		}
+	}
+}
