@@ -78,6 +78,9 @@ func (l *Limiter) applyAcquire(now clock.Nanos, c *Call, r Reply) error {
 			}
 			l.failLocked(now, e)
 			e.fail.setLost(c, f == MaybeApplied)
+			if it.DebtMicro > 0 {
+				l.debtFailedLocked(e, c, f == MaybeApplied)
+			}
 			e.unlock()
 		}
 		return mismatch
@@ -98,6 +101,22 @@ func (l *Limiter) applyAcquire(now clock.Nanos, c *Call, r Reply) error {
 				l.stats.LostMicro.Add(uint64(back))
 			}
 		}
+		it := c.Acquire.Items[i]
+		if it.NeededMicro == 0 && it.MinMicro == 0 && res.Status == coordinatorv1.Status_STATUS_OK {
+			// An item of debt alone: nothing was asked for, the lease and the deny cache stand.
+			l.debtAnsweredLocked(e, c, res)
+			if e.s().next.tokens == 0 {
+				e.refilling.Store(false)
+			}
+			e.level = bucket.Micro(res.RemainingMicro)
+			e.setRemainingLocked()
+			if len(e.s().waiting) > 0 {
+				l.queueLocked(e)
+			}
+			l.oweAgainLocked(now, e)
+			e.unlock()
+			continue
+		}
 		e.refilling.Store(false)
 		switch res.Status {
 		case coordinatorv1.Status_STATUS_OK:
@@ -116,12 +135,73 @@ func (l *Limiter) applyAcquire(now clock.Nanos, c *Call, r Reply) error {
 			// A store that timed out may still have applied the item.
 			e.fail.setLost(c, res.Status == coordinatorv1.Status_STATUS_STORE_UNAVAILABLE)
 		}
+		if it.DebtMicro > 0 {
+			l.debtAnsweredLocked(e, c, res)
+		}
 		if len(e.s().waiting) > 0 {
 			l.queueLocked(e) // checks the answer could not serve wait for the next refill
 		}
+		l.oweAgainLocked(now, e)
 		e.unlock()
 	}
 	return mismatch
+}
+
+// debtAnsweredLocked accounts the debt an answered item carried: debited, forgiven past the
+// bucket's max_debt, or put back to go again (stale: nothing was done). A store failure of the
+// item may have applied it: the key's resend carries the same debt, answered from the record.
+// e.mu is held.
+func (l *Limiter) debtAnsweredLocked(e *entry, c *Call, res *coordinatorv1.AcquireResult) {
+	out := e.s().debtOut
+	if out == 0 {
+		return
+	}
+	e.slow.debtOut = 0
+	switch res.Status {
+	case coordinatorv1.Status_STATUS_OK, coordinatorv1.Status_STATUS_DENIED:
+		charged := min(max(0, bucket.Micro(res.DebtChargedMicro)), out)
+		l.stats.DebtCharged.Add(uint64(charged))
+		l.stats.DebtForgiven.Add(uint64(out - charged))
+	case coordinatorv1.Status_STATUS_STALE:
+		e.slow.debt += out
+	case coordinatorv1.Status_STATUS_STORE_UNAVAILABLE:
+		if e.fail != nil && e.fail.lostSeq == c.Acquire.Seq {
+			e.fail.lostDebt = out
+		} else {
+			l.stats.DebtLost.Add(uint64(out))
+		}
+	default: // the coordinator refused the item: it will refuse it again
+		l.stats.DebtLost.Add(uint64(out))
+	}
+}
+
+// debtFailedLocked accounts the debt of an item whose call failed as a whole. Not applied, the
+// debt is pending again (it goes once the key's backoff is over). Maybe applied, the key's next
+// call resends this seq if it is the key's oldest of unknown outcome, with the same debt
+// (answered from the record if it was debited); otherwise the debt is lost: it may have been
+// debited, and is never sent twice. e.mu is held.
+func (l *Limiter) debtFailedLocked(e *entry, c *Call, maybe bool) {
+	out := e.s().debtOut
+	if out == 0 {
+		return
+	}
+	e.slow.debtOut = 0
+	switch {
+	case !maybe:
+		e.slow.debt += out
+	case e.fail.lostSeq == c.Acquire.Seq:
+		e.fail.lostDebt = out
+	default:
+		l.stats.DebtLost.Add(uint64(out))
+	}
+}
+
+// oweAgainLocked queues e's pending debt after an answer (the call that carried the last one is
+// back). e.mu is held.
+func (l *Limiter) oweAgainLocked(now clock.Nanos, e *entry) {
+	if e.owesLocked() {
+		l.oweLocked(now, e)
+	}
 }
 
 // applyReturns accounts for the leases c handed back alone (Acquire.Returns or Return.Items):
@@ -346,7 +426,7 @@ func dropFront(ts []*Ticket, n int) []*Ticket {
 func (f *fails) setLost(c *Call, unknown bool) {
 	switch {
 	case !unknown:
-		f.lostSeq, f.lostSentAt = 0, 0
+		f.lostSeq, f.lostSentAt, f.lostDebt = 0, 0, 0
 	case f.lostSeq == 0:
 		f.lostSeq, f.lostSentAt = c.Acquire.Seq, c.sentAt
 	}

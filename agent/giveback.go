@@ -154,6 +154,9 @@ func (l *Limiter) expireEntry(now clock.Nanos, e *entry) {
 	if !e.backed {
 		l.settleBackLocked(now, e)
 	}
+	if e.owesLocked() {
+		l.oweLocked(now, e) // a debt put back by a failed call goes once the backoff is over
+	}
 }
 
 // expiredLocked retires e's current lease, which expired, and hands back what is left of it.

@@ -284,6 +284,10 @@ type Envoy struct {
 	TenantKey    string // default "tenant"
 	RouteKey     string // default "path" (the request path, normalized like any path)
 	OperationKey string // default "method" (an HTTP method, class or named operation)
+	// SettleKey (default "settle") marks a descriptor sent after the response (Envoy's
+	// apply_on_stream_done): its hits_addend is a cost charged after the fact, never refused,
+	// spent from leases and the rest debited as debt (max_debt).
+	SettleKey string
 	// PerDescriptor (charge: per_descriptor) charges each descriptor of a request on its own, as
 	// Envoy's reference service does: a refused descriptor leaves the others' charges spent. The
 	// default (all_or_nothing) charges every descriptor of a request or none.
