@@ -452,10 +452,10 @@ type Stats struct {
 	DebtCharged      atomic.Uint64 // µ of debt the global buckets were debited
 	DebtForgiven     atomic.Uint64 // µ of debt not debited: the bucket was at its max_debt below zero
 	DebtLost         atomic.Uint64 // µ of debt never sent: its bucket went with a replaced policy, or its call may have failed unapplied
-	Expired        atomic.Uint64 // leases that expired with tokens left
-	Evicted        atomic.Uint64 // keys evicted by the LRU bound
-	Released       atomic.Uint64 // waiting checks told to check again: their key was retired while they waited
-	PolicyMismatch atomic.Uint64 // coordinator did not know the policy version or a route
+	Expired          atomic.Uint64 // leases that expired with tokens left
+	Evicted          atomic.Uint64 // keys evicted by the LRU bound
+	Released         atomic.Uint64 // waiting checks told to check again: their key was retired while they waited
+	PolicyMismatch   atomic.Uint64 // coordinator did not know the policy version or a route
 }
 
 // Stats returns the core's counters.
