@@ -157,21 +157,30 @@ func (l *Limiter) debtAnsweredLocked(e *entry, c *Call, res *coordinatorv1.Acqui
 		return
 	}
 	e.slow.debtOut = 0
+	s := e.slow
 	switch res.Status {
 	case coordinatorv1.Status_STATUS_OK, coordinatorv1.Status_STATUS_DENIED:
 		charged := min(max(0, bucket.Micro(res.DebtChargedMicro)), out)
 		l.stats.DebtCharged.Add(uint64(charged))
 		l.stats.DebtForgiven.Add(uint64(out - charged))
+		debited(s.debtOutFor, charged)
+		s.debtOutFor = nil
 	case coordinatorv1.Status_STATUS_STALE:
-		e.slow.debt += out
+		s.debt += out
+		s.debtWait = append(s.debtOutFor, s.debtWait...)
+		s.debtOutFor = nil
 	case coordinatorv1.Status_STATUS_STORE_UNAVAILABLE:
 		if e.fail != nil && e.fail.lostSeq == c.Acquire.Seq {
-			e.fail.lostDebt = out
+			e.fail.lostDebt = out // its settles wait for the resend
 		} else {
 			l.stats.DebtLost.Add(uint64(out))
+			unconfirmed(s.debtOutFor)
+			s.debtOutFor = nil
 		}
 	default: // the coordinator refused the item: it will refuse it again
 		l.stats.DebtLost.Add(uint64(out))
+		unconfirmed(s.debtOutFor)
+		s.debtOutFor = nil
 	}
 }
 
@@ -186,13 +195,18 @@ func (l *Limiter) debtFailedLocked(e *entry, c *Call, maybe bool) {
 		return
 	}
 	e.slow.debtOut = 0
+	s := e.slow
 	switch {
 	case !maybe:
-		e.slow.debt += out
+		s.debt += out
+		s.debtWait = append(s.debtOutFor, s.debtWait...)
+		s.debtOutFor = nil
 	case e.fail.lostSeq == c.Acquire.Seq:
-		e.fail.lostDebt = out
+		e.fail.lostDebt = out // its settles wait for the resend
 	default:
 		l.stats.DebtLost.Add(uint64(out))
+		unconfirmed(s.debtOutFor)
+		s.debtOutFor = nil
 	}
 }
 

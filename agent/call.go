@@ -246,6 +246,8 @@ func (l *Limiter) takeDebtLocked(e *entry, c *Call) bucket.Micro {
 	case e.s().debt > 0:
 		d = e.slow.debt
 		e.slow.debt = 0
+		e.slow.debtOutFor = append(e.slow.debtOutFor, e.slow.debtWait...)
+		e.slow.debtWait = nil
 	}
 	if d > 0 {
 		e.sw().debtOut = d
@@ -267,6 +269,8 @@ func (l *Limiter) dropDebtLocked(e *entry) {
 	if s := e.slow; s != nil && s.debt > 0 {
 		l.stats.DebtLost.Add(uint64(s.debt))
 		s.debt = 0
+		unconfirmed(s.debtWait)
+		s.debtWait = nil
 	}
 }
 

@@ -108,8 +108,10 @@ type slowState struct {
 	back    handBack  // unspent leases to hand back
 	waiting []*Ticket // checks waiting for a refill, first come first served
 	// debt is cost settled beyond an estimate that no lease held, µ, for the key's next call;
-	// debtOut is the debt that call carries, until its answer (settle.go).
-	debt, debtOut bucket.Micro
+	// debtOut is the debt that call carries, until its answer (settle.go). The settles waiting
+	// for their debt's debit go with it, in order.
+	debt, debtOut        bucket.Micro
+	debtWait, debtOutFor []*debtWaiter
 }
 
 // noSlow is what s reads for an entry without slow state. It is never written.
@@ -134,7 +136,8 @@ func (e *entry) sw() *slowState {
 // trimLocked drops the slow state once it holds nothing. e.mu is held; unlock calls it, so every
 // change under the lock ends with it.
 func (e *entry) trimLocked() {
-	if s := e.slow; s != nil && s.next.tokens == 0 && s.back.amount == 0 && len(s.waiting) == 0 && s.debt == 0 && s.debtOut == 0 {
+	if s := e.slow; s != nil && s.next.tokens == 0 && s.back.amount == 0 && len(s.waiting) == 0 && s.debt == 0 && s.debtOut == 0 &&
+		len(s.debtWait) == 0 && len(s.debtOutFor) == 0 {
 		e.slow = nil
 	}
 }

@@ -363,7 +363,9 @@ func (s *Server) Check(ctx context.Context, req *agentv1.CheckRequest) (*agentv1
 }
 
 // Settle implements AgentService.Settle.
-func (s *Server) Settle(_ context.Context, req *agentv1.SettleRequest) (*agentv1.SettleResponse, error) {
+// It answers once the debt (what no lease held) was debited, or after the wait bound with
+// pending set: the debt goes on with the key's calls.
+func (s *Server) Settle(ctx context.Context, req *agentv1.SettleRequest) (*agentv1.SettleResponse, error) {
 	r, err := s.lim.Settle(s.now(), req.SettleId, req.Cost)
 	switch {
 	case errors.Is(err, ErrUnknownSettle):
@@ -371,11 +373,19 @@ func (s *Server) Settle(_ context.Context, req *agentv1.SettleRequest) (*agentv1
 	case err != nil:
 		return nil, s.statusError(err)
 	}
-	return &agentv1.SettleResponse{
+	wait, cancel := context.WithTimeout(ctx, s.maxWait)
+	defer cancel()
+	ok := r.Debited(wait)
+	resp := &agentv1.SettleResponse{
 		Charged:  int64(r.Charged / bucket.PerToken),
 		Credited: int64(r.Credited / bucket.PerToken),
-		Debt:     int64(r.Debt / bucket.PerToken),
-	}, nil
+		Debt:     int64((r.Debt + bucket.PerToken - 1) / bucket.PerToken),
+		Pending:  !ok,
+	}
+	if ok {
+		resp.Forgiven = int64((r.Forgiven + bucket.PerToken - 1) / bucket.PerToken)
+	}
+	return resp, nil
 }
 
 // statusError maps a Decide error to the status a client sees.

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -242,6 +243,29 @@ type SettleResult struct {
 	Charged  bucket.Micro // beyond the estimate: spent from leases or sent as debt (per bucket)
 	Credited bucket.Micro // the estimate's unused part, given back (per bucket)
 	Debt     bucket.Micro // of Charged, the most any one bucket sent to the global bucket as debt
+	// Forgiven is, once Confirmed, the most debt any bucket did not debit (it was at its
+	// max_debt below zero).
+	Forgiven bucket.Micro
+
+	waits []*debtWaiter // the debts sent, one per bucket with debt
+}
+
+// Debited waits until every debt of r was answered by the global buckets, or ctx ends; it
+// reports whether all were confirmed debited (r.Forgiven is then set). A settle without debt is
+// confirmed at once.
+func (r *SettleResult) Debited(ctx context.Context) bool {
+	for _, w := range r.waits {
+		select {
+		case <-w.done:
+		case <-ctx.Done():
+			return false
+		}
+		if !w.ok {
+			return false
+		}
+		r.Forgiven = max(r.Forgiven, w.amount-w.charged)
+	}
+	return true
 }
 
 // Settle replaces the estimate of the check id by its actual cost (tokens, 0 or more). Errors:
@@ -271,7 +295,10 @@ func (l *Limiter) Settle(now clock.Nanos, id uint64, cost int64) (SettleResult, 
 	case actual > hd.estimate:
 		r.Charged = actual - hd.estimate
 		for _, hc := range hd.c[:hd.n] {
-			r.Debt = max(r.Debt, l.chargeExtra(now, hc.e, r.Charged))
+			if w := l.chargeExtra(now, hc.e, r.Charged); w != nil {
+				r.Debt = max(r.Debt, w.amount)
+				r.waits = append(r.waits, w)
+			}
 		}
 	}
 	return r, nil
@@ -292,13 +319,13 @@ func (l *Limiter) creditBack(now clock.Nanos, hc heldCharge, amount bucket.Micro
 }
 
 // chargeExtra charges amount beyond an estimate to e's bucket: from its live lease as far as it
-// holds, the rest as debt for the key's next call. It returns the debt.
-func (l *Limiter) chargeExtra(now clock.Nanos, e *entry, amount bucket.Micro) bucket.Micro {
+// holds, the rest as debt for the key's next call. It returns the debt's waiter (nil: no debt).
+func (l *Limiter) chargeExtra(now clock.Nanos, e *entry, amount bucket.Micro) *debtWaiter {
 	if e.dead.Load() {
 		e = l.liveEntry(e)
 		if e == nil {
 			l.stats.DebtLost.Add(uint64(amount))
-			return 0
+			return nil
 		}
 	}
 	if int64(now) < e.expires.Load() {
@@ -313,14 +340,44 @@ func (l *Limiter) chargeExtra(now clock.Nanos, e *entry, amount bucket.Micro) bu
 		}
 	}
 	if amount == 0 {
-		return 0
+		return nil
 	}
 	e.mu.Lock()
 	defer e.unlock()
-	e.sw().debt += amount
+	s := e.sw()
+	s.debt += amount
+	w := &debtWaiter{amount: amount, done: make(chan struct{})}
+	s.debtWait = append(s.debtWait, w)
 	l.stats.DebtMicro.Add(uint64(amount))
 	l.oweLocked(now, e)
-	return amount
+	return w
+}
+
+// debtWaiter is a settle waiting for its debt's debit: amount µ, of which charged was debited
+// (the rest forgiven) once done is closed with ok; not ok, the debit is not known (it goes
+// again with the key's calls, or was lost).
+type debtWaiter struct {
+	amount, charged bucket.Micro
+	ok              bool
+	done            chan struct{}
+}
+
+// debited answers the waiters of one debt, charged µ of it debited: the first in order are
+// charged first.
+func debited(ws []*debtWaiter, charged bucket.Micro) {
+	for _, w := range ws {
+		w.charged = min(w.amount, max(charged, 0))
+		charged -= w.charged
+		w.ok = true
+		close(w.done)
+	}
+}
+
+// unconfirmed answers waiters whose debt's debit is not known.
+func unconfirmed(ws []*debtWaiter) {
+	for _, w := range ws {
+		close(w.done)
+	}
 }
 
 // oweLocked has e's debt sent with its next call: queued now unless a call of e is out or queued
@@ -411,7 +468,7 @@ func (l *Limiter) ChargeAfter(now clock.Nanos, q Query) error {
 	n := l.chargeEntries(&res, q.Tenant, &cs)
 	l.stats.ChargedAfter.Add(1)
 	for _, ch := range cs[:n] {
-		l.chargeExtra(now, ch.e, bucket.Micro(cost)*bucket.PerToken)
+		l.chargeExtra(now, ch.e, bucket.Micro(cost)*bucket.PerToken) // Envoy does not wait for the debit
 	}
 	return nil
 }

@@ -309,6 +309,12 @@ type Settled struct {
 	Charged  int64 // beyond the estimate: spent from the agent's leases or sent as debt
 	Credited int64 // the estimate's unused part, given back
 	Debt     int64 // of Charged, what no lease held: debited from the global bucket
+	// Forgiven is, of Debt, what the global bucket did not debit: it was at the rule's max_debt
+	// below zero (rounded up; the most of any bucket the check charged).
+	Forgiven int64
+	// Pending: the agent did not see the debt debited within its wait bound; it goes on with
+	// the key's calls, and Forgiven is not known.
+	Pending bool
 }
 
 // ErrUnknownSettle is returned by Settle when the agent does not hold the id: never given,
@@ -338,7 +344,7 @@ func (c *Client) Settle(ctx context.Context, id uint64, cost int64) (Settled, er
 		return Settled{}, err
 	}
 	c.observe(nil)
-	return Settled{Charged: resp.Charged, Credited: resp.Credited, Debt: resp.Debt}, nil
+	return Settled{Charged: resp.Charged, Credited: resp.Credited, Debt: resp.Debt, Forgiven: resp.Forgiven, Pending: resp.Pending}, nil
 }
 
 // Ready reports whether the agent answers and serves checks: nil when its health service

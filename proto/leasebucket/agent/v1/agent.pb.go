@@ -578,7 +578,14 @@ type SettleResponse struct {
 	Credited int64 `protobuf:"varint,2,opt,name=credited,proto3" json:"credited,omitempty"`
 	// Of charged: tokens no lease held, sent to the global bucket as debt. Debt beyond the rule's
 	// max_debt is forgiven (the agent counts it in its metrics).
-	Debt          int64 `protobuf:"varint,3,opt,name=debt,proto3" json:"debt,omitempty"`
+	Debt int64 `protobuf:"varint,3,opt,name=debt,proto3" json:"debt,omitempty"`
+	// Of debt: tokens the global bucket did not debit because it was at its max_debt below zero
+	// (the most of any bucket the check charged), rounded up.
+	Forgiven int64 `protobuf:"varint,4,opt,name=forgiven,proto3" json:"forgiven,omitempty"`
+	// The debt was sent, and its debit was not confirmed within the agent's wait bound (the
+	// coordinator or the store is slow or unreachable): it is retried with the key's calls, and
+	// forgiven is not known.
+	Pending       bool `protobuf:"varint,5,opt,name=pending,proto3" json:"pending,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -634,6 +641,20 @@ func (x *SettleResponse) GetDebt() int64 {
 	return 0
 }
 
+func (x *SettleResponse) GetForgiven() int64 {
+	if x != nil {
+		return x.Forgiven
+	}
+	return 0
+}
+
+func (x *SettleResponse) GetPending() bool {
+	if x != nil {
+		return x.Pending
+	}
+	return false
+}
+
 var File_leasebucket_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_leasebucket_agent_v1_agent_proto_rawDesc = "" +
@@ -674,11 +695,13 @@ const file_leasebucket_agent_v1_agent_proto_rawDesc = "" +
 	"\x06errors\x18\x03 \x03(\tR\x06errors\"@\n" +
 	"\rSettleRequest\x12\x1b\n" +
 	"\tsettle_id\x18\x01 \x01(\x04R\bsettleId\x12\x12\n" +
-	"\x04cost\x18\x02 \x01(\x03R\x04cost\"Z\n" +
+	"\x04cost\x18\x02 \x01(\x03R\x04cost\"\x90\x01\n" +
 	"\x0eSettleResponse\x12\x18\n" +
 	"\acharged\x18\x01 \x01(\x03R\acharged\x12\x1a\n" +
 	"\bcredited\x18\x02 \x01(\x03R\bcredited\x12\x12\n" +
-	"\x04debt\x18\x03 \x01(\x03R\x04debt*e\n" +
+	"\x04debt\x18\x03 \x01(\x03R\x04debt\x12\x1a\n" +
+	"\bforgiven\x18\x04 \x01(\x03R\bforgiven\x12\x18\n" +
+	"\apending\x18\x05 \x01(\bR\apending*e\n" +
 	"\bDecision\x12\x18\n" +
 	"\x14DECISION_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eDECISION_ALLOW\x10\x01\x12\x11\n" +

@@ -49,7 +49,8 @@ type AgentServiceClient interface {
 	// global bucket as debt (down to the rule's max_debt below zero); an unused estimate is credited
 	// back. NOT_FOUND for a settle_id this agent does not hold (unknown, expired or already
 	// settled); INVALID_ARGUMENT for a negative cost or one above the bucket's capacity plus its
-	// max_debt.
+	// max_debt. The answer comes once the global bucket debited the debt (or within the agent's
+	// wait bound, pending).
 	Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error)
 }
 
@@ -128,7 +129,8 @@ type AgentServiceServer interface {
 	// global bucket as debt (down to the rule's max_debt below zero); an unused estimate is credited
 	// back. NOT_FOUND for a settle_id this agent does not hold (unknown, expired or already
 	// settled); INVALID_ARGUMENT for a negative cost or one above the bucket's capacity plus its
-	// max_debt.
+	// max_debt. The answer comes once the global bucket debited the debt (or within the agent's
+	// wait bound, pending).
 	Settle(context.Context, *SettleRequest) (*SettleResponse, error)
 	mustEmbedUnimplementedAgentServiceServer()
 }
