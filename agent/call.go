@@ -169,8 +169,9 @@ func (l *Limiter) acquireItem(now clock.Nanos, v *view, e *entry, c *Call) *coor
 		// Close): its waiting checks check again against the current view.
 		e.refilling.Store(false)
 		l.releaseLocked(e)
-		if e.view == v && !v.closed.Load() && l.owes(e, c) {
-			// Evicted with debt: the bucket is still the policy's, the debt goes alone.
+		if e.view == v && l.owes(e, c) {
+			// Evicted, or the Limiter closed, with debt: the bucket is still the policy's, the
+			// debt goes alone.
 			return l.debtItem(now, v, e, c)
 		}
 		l.dropDebtLocked(e)

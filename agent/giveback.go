@@ -107,6 +107,14 @@ func (l *Limiter) retireEntry(e *entry) {
 	}
 	l.handBackLocked(now, e, e.retireLocked())
 	l.releaseLocked(e)
+	if e.owesLocked() && !e.inflight && !e.queued {
+		// Its debt goes alone, once, failure backoff or not: no check will bring it a call.
+		e.queued = true
+		l.qmu.Lock()
+		l.queue = append(l.queue, e)
+		l.qmu.Unlock()
+		l.signal()
+	}
 }
 
 func (l *Limiter) evicted(e *entry) {
