@@ -177,7 +177,15 @@ func (l *Limiter) acquireItem(now clock.Nanos, v *view, e *entry, c *Call) *coor
 		l.dropDebtLocked(e)
 		return nil
 	}
+	debtOnly := e.s().debtOnly
+	if debtOnly {
+		e.slow.debtOnly = false
+	}
 	if len(e.s().waiting) == 0 {
+		if debtOnly && l.owes(e, c) {
+			// Queued for its debt: no check asked for a refill.
+			return l.debtItem(now, v, e, c)
+		}
 		if e.s().next.tokens > 0 {
 			// A prefetch while the lease prefetched last time still waits to be installed (the
 			// next check does that): asking again would only add a lease that sits unused.
@@ -256,10 +264,12 @@ func (l *Limiter) takeDebtLocked(e *entry, c *Call) bucket.Micro {
 	return d
 }
 
-// debtItem is an item of e's debt alone: nothing to take (needed and min 0), the key's unspent
-// lease handed back along if it waits. e.mu is held.
+// debtItem is an item of e's debt alone: nothing to take (needed and min 0). refilling stays set
+// while it is out, so that no other call of the key is queued meanwhile (a key has one call
+// out at a time: its seqs reach the store in order); its answer clears it. e.mu is held.
 func (l *Limiter) debtItem(now clock.Nanos, v *view, e *entry, c *Call) *coordinatorv1.AcquireItem {
 	e.inflight = true
+	e.refilling.Store(true)
 	it := &coordinatorv1.AcquireItem{Bucket: l.ref(v, e), DemandMicroPerSecond: int64(e.demand.Rate())}
 	it.DebtMicro = int64(l.takeDebtLocked(e, c))
 	return it

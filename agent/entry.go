@@ -112,6 +112,7 @@ type slowState struct {
 	// for their debt's debit go with it, in order.
 	debt, debtOut        bucket.Micro
 	debtWait, debtOutFor []*debtWaiter
+	debtOnly             bool // queued for its debt alone (oweLocked), not for a refill
 }
 
 // noSlow is what s reads for an entry without slow state. It is never written.

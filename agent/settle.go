@@ -389,6 +389,7 @@ func (l *Limiter) oweLocked(now clock.Nanos, e *entry) {
 	}
 	e.queued = true
 	e.refilling.Store(true)
+	e.sw().debtOnly = true
 	l.qmu.Lock()
 	l.queue = append(l.queue, e)
 	l.qmu.Unlock()
