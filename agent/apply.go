@@ -95,9 +95,16 @@ func (l *Limiter) applyAcquire(now clock.Nanos, c *Call, r Reply) error {
 			e.fail.setLost(c, false)
 		}
 		if back := c.Acquire.Items[i].ReturnMicro; back > 0 {
-			l.handedBack(back)
-			l.stats.CreditedMicro.Add(uint64(max(0, res.CreditedMicro)))
-			if res.Status != coordinatorv1.Status_STATUS_OK && res.Status != coordinatorv1.Status_STATUS_DENIED {
+			switch res.Status {
+			case coordinatorv1.Status_STATUS_OK, coordinatorv1.Status_STATUS_DENIED:
+				l.handedBack(back)
+				l.stats.CreditedMicro.Add(uint64(max(0, res.CreditedMicro)))
+			case coordinatorv1.Status_STATUS_STALE:
+				// Nothing was done: the lease waits to be handed back again.
+				e.sw().back.add(bucket.Micro(back), bucket.Millis(c.Acquire.Items[i].ReturnGrantedAtMs), c.sentAt)
+				l.settleBackLocked(now, e)
+			default:
+				l.handedBack(back)
 				l.stats.LostMicro.Add(uint64(back))
 			}
 		}
@@ -239,6 +246,15 @@ func (l *Limiter) applyReturns(c *Call, f Failure, n int, result func(int) *coor
 		if (f == NotApplied || f == UnknownPolicy) && !e.view.closed.Load() {
 			// Not applied: it waits to be handed back again (unless its policy is gone: then no
 			// coordinator will take it).
+			e.mu.Lock()
+			e.sw().back.add(bucket.Micro(amount), bucket.Millis(grantedAt), c.sentAt)
+			l.settleBackLocked(c.sentAt, e)
+			e.unlock()
+			continue
+		}
+		if f == Answered && result(i).GetStatus() == coordinatorv1.Status_STATUS_STALE && !e.view.closed.Load() {
+			// Nothing was done (a newer return of the key overtook it): it waits to be handed
+			// back again.
 			e.mu.Lock()
 			e.sw().back.add(bucket.Micro(amount), bucket.Millis(grantedAt), c.sentAt)
 			l.settleBackLocked(c.sentAt, e)
