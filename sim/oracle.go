@@ -56,15 +56,26 @@ type key struct {
 	granted  int64 // µ
 	returned int64 // µ sent back
 	spent    int64 // µ
+	// Costs settled after the response (settle.go): charged is what leases spent (net of
+	// estimates given back) plus what the store debited as debt, whose window excess is at most
+	// debtBound = admitBound + max_debt; lowest is the lowest level the store answered (µ).
+	settled      bool // checks of settled traffic use the key
+	maxDebt      int64
+	debtBound    float64
+	charged      drawup
+	chargedTotal int64
+	debited      int64
+	lowest       int64
 }
 
-func newKey(name string, store int, l bucket.Limit) *key {
-	k := &key{name: name, store: store, limit: l, ttl: lease.TTL(l), level: bucket.Full(l, 0)}
+func newKey(name string, store int, l bucket.Limit, maxDebt bucket.Micro) *key {
+	k := &key{name: name, store: store, limit: l, ttl: lease.TTL(l), level: bucket.Full(l, 0), maxDebt: int64(maxDebt)}
 	num, den := l.Rate()
 	k.rate = float64(num) / float64(den) / 1e6
 	c := float64(l.Capacity())
 	k.admitBound = c + k.rate*float64(k.ttl+time.Millisecond)
 	k.budgetBound = c + k.rate*float64(time.Millisecond)
+	k.debtBound = k.admitBound + float64(maxDebt)
 	return k
 }
 
