@@ -135,7 +135,7 @@ type KeyBound struct {
 	AdmitExcess    float64 // µ: the largest admitted amount in a window minus r·w
 	AdmitBound     float64 // µ: C + r·(τ + 1 ms)
 	BudgetExcess   float64 // µ: the largest net grant in a window minus r·w
-	BudgetBound    float64 // µ: C + r·1 ms
+	BudgetBound    float64 // µ: C + r·1 ms + max_debt
 	PeakBurstShare float64 // AdmitExcess / C: 1 is what an exact bucket can reach
 	// Costs settled after the response: the rule's max_debt, µ debited as debt, the largest
 	// charge (spent + debited) in a window minus r·w against C + r·(τ + 1 ms) + max_debt, and the

@@ -34,8 +34,9 @@ type key struct {
 	limit bucket.Limit
 	ttl   time.Duration
 	// Bounds of DESIGN §5 as excesses over what the bucket refills in the window (window excess,
-	// see drawup): admission ≤ C + r·(τ + 1 ms), budget ≤ C + r·1 ms. The 1 ms is the key
-	// clock's resolution (the store clock is in ms, the agents' in ns).
+	// see drawup): admission ≤ C + r·(τ + 1 ms), budget ≤ C + r·1 ms + max_debt (grants and
+	// debts less credits). The 1 ms is the key clock's resolution (the store clock is in ms, the
+	// agents' in ns).
 	admitBound  float64
 	budgetBound float64
 	rate        float64 // µ per ns
@@ -74,7 +75,7 @@ func newKey(name string, store int, l bucket.Limit, maxDebt bucket.Micro) *key {
 	k.rate = float64(num) / float64(den) / 1e6
 	c := float64(l.Capacity())
 	k.admitBound = c + k.rate*float64(k.ttl+time.Millisecond)
-	k.budgetBound = c + k.rate*float64(time.Millisecond)
+	k.budgetBound = c + k.rate*float64(time.Millisecond) + float64(maxDebt)
 	k.debtBound = k.admitBound + float64(maxDebt)
 	return k
 }
