@@ -332,8 +332,9 @@ func answer(r *Result) string {
 	}
 	s = append(s, fmt.Sprintf("The busiest window used %.3f of a key's burst C (the admission bound allows up to 1 + r·τ/C).", r.PeakBurstShare()))
 	if st := &r.Settled; st.Checks > 0 {
-		s = append(s, fmt.Sprintf("Costs settled after the response: admitted requests were charged %s of their buckets' budget "+
-			"(their actual costs came to %s of it; %s tokens of debt forgiven); the worst window reached %.3f of the debt bound "+
+		s = append(s, fmt.Sprintf("Costs settled after the response (the figures above compare estimates; the debt of the actual "+
+			"costs is repaid from the same buckets): admitted requests were charged %s of their buckets' budget "+
+			"(the settled checks' actual costs came to %s of it; %s tokens of debt forgiven); the worst window reached %.3f of the debt bound "+
 			"C + r·(w + τ) + max_debt, and the lowest level %s tokens against -max_debt = -%s.",
 			pct(st.Utilisation()), pct(ratio(st.Actual, st.Budget)), tokens2(st.DebtForgiven), st.WorstRatio(),
 			tokens2(st.Deepest), tokens2(st.DeepestMax)))
@@ -685,8 +686,8 @@ func settledMarkdown(b *strings.Builder, sc *Scenario, r *Result) {
 	row("… lost (never sent, or its call failed)", st.DebtLost)
 	b.WriteString("\n")
 	fmt.Fprintf(b, "**Utilisation.** The keys' buckets could admit %s tokens over the run (C + r·T each); admitted "+
-		"requests were charged %s (%s: spent from leases, net of estimates given back, plus debt debited), and their "+
-		"actual costs came to %s (%s of the budget; what exceeds the charge was forgiven or lost).\n\n",
+		"requests were charged %s (%s: spent from leases, net of estimates given back, plus debt debited), and the settled "+
+		"checks' actual costs came to %s (%s of the budget; what exceeds the charge was forgiven or lost).\n\n",
 		tokens2(st.Budget), tokens2(st.Charged), pct(st.Utilisation()), tokens2(st.Actual), pct(ratio(st.Actual, st.Budget)))
 	fmt.Fprintf(b, "**Debt bound.** On each key, what leases spent plus what the store debited in any window of length w "+
 		"is at most C + r·(w + τ + 1 ms) + max_debt. Closest: %s, whose worst window exceeded r·w by %s tokens of the "+

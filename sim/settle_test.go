@@ -8,6 +8,66 @@ import (
 	"github.com/leasebucket/leasebucket/internal/bucket"
 )
 
+// settledScenario is a short version of examples/sim/settled-costs.yaml.
+func settledScenario(t *testing.T, d time.Duration) *Scenario {
+	t.Helper()
+	sc, err := Load("../examples/sim/settled-costs.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Duration = Duration(d)
+	return sc
+}
+
+// TestSettledCosts: heavy-tailed costs settled after the response on tenants far over their
+// quota and tenants under it: no bound breaks, no bucket goes below -max_debt, debt is debited
+// and, the heavy tenants being far over, some is forgiven; admitted requests are charged about
+// their buckets' budget.
+func TestSettledCosts(t *testing.T) {
+	sc := settledScenario(t, 40*time.Second)
+	res := run(t, sc)
+	if res.Failed() {
+		t.Fatalf("violations: %+v", res.Violations)
+	}
+	s := &res.Settled
+	if s.Settles == 0 || s.Actual <= s.Estimates {
+		t.Fatalf("%d settles, actual %d µ, estimates %d µ: the costs were not settled above their estimates", s.Settles, s.Actual, s.Estimates)
+	}
+	if s.DebtCharged <= 0 || s.StoreDebited != s.DebtCharged {
+		t.Errorf("debt debited %d µ by the agents' account, %d µ by the stores'; want the same, above 0", s.DebtCharged, s.StoreDebited)
+	}
+	if s.DebtForgiven <= 0 {
+		t.Errorf("no debt forgiven, with tenants at 20 times their quota")
+	}
+	if got := s.DebtCharged + s.DebtForgiven + s.DebtLost; got > s.Debt {
+		t.Errorf("debt debited %d + forgiven %d + lost %d = %d µ, more than the %d µ sent", s.DebtCharged, s.DebtForgiven, s.DebtLost, got, s.Debt)
+	}
+	for _, k := range res.Keys {
+		if k.Lowest < -k.MaxDebt {
+			t.Errorf("%s went to %d µ, below -max_debt %d µ", k.Key, k.Lowest, k.MaxDebt)
+		}
+		if k.ChargedExcess > k.DebtBound {
+			t.Errorf("%s: charged excess %g µ above the debt bound %g µ", k.Key, k.ChargedExcess, k.DebtBound)
+		}
+	}
+	if s.Deepest >= 0 || s.DeepestMax <= 0 {
+		t.Errorf("lowest level %d µ with max_debt %d µ: the buckets never went into debt", s.Deepest, s.DeepestMax)
+	}
+	if u := s.Utilisation(); u < 0.7 || u > 1.3 {
+		t.Errorf("admitted requests were charged %.3f of the budget, want about 1 (the load is far over on most keys)", u)
+	}
+	if r := s.WorstRatio(); r <= 0.5 || r > 1 {
+		t.Errorf("worst window at %.3f of the debt bound, want in (0.5, 1]", r)
+	}
+	l := &res.Loss
+	if got := l.Spent + l.Returned + l.Expired + l.Stranded + l.HeldAtEnd; got != l.Granted {
+		t.Errorf("granted %d µ ≠ spent %d + returned %d + expired %d + stranded %d + held %d = %d", l.Granted, l.Spent, l.Returned, l.Expired, l.Stranded, l.HeldAtEnd, got)
+	}
+	if s.Credited == 0 || s.SpentExtra == 0 {
+		t.Errorf("credited %d µ, spent beyond estimates from leases %d µ: the scenario must exercise both", s.Credited, s.SpentExtra)
+	}
+}
+
 // TestDebtBoundTrips feeds the debt check a synthetic series: what leases may spend and a
 // store may debit with max_debt holds; the same series on a key whose max_debt is ignored (0), or
 // one more token, trips it; and a level below -max_debt trips it.
