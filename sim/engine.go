@@ -321,7 +321,7 @@ func (w *world) finish() *Result {
 			AdmitExcess: k.admitted.max, AdmitBound: k.admitBound,
 			BudgetExcess: k.budget.max, BudgetBound: k.budgetBound,
 			PeakBurstShare: k.admitted.max / c,
-			Settled:        k.settled, MaxDebt: k.maxDebt, Debited: k.debited, ChargedExcess: k.charged.max, DebtBound: k.debtBound,
+			Settled:        k.settled, MaxDebt: k.maxDebt, Debited: k.debited, Charged: k.chargedTotal, ChargedExcess: k.charged.max, DebtBound: k.debtBound,
 			Lowest: k.lowest,
 		})
 		if k.ops > r.Backend.HotKeyOps {

@@ -143,6 +143,7 @@ type KeyBound struct {
 	Settled       bool // settled traffic uses the key
 	MaxDebt       int64
 	Debited       int64
+	Charged       int64 // µ spent from leases (net of estimates given back) plus debited
 	ChargedExcess float64
 	DebtBound     float64
 	Lowest        int64

@@ -154,13 +154,13 @@ func keysCSV(r *Result) [][]string {
 	rows := [][]string{{"key", "capacity_tokens", "rate_per_second", "ttl_ms", "granted_tokens", "spent_tokens",
 		"returned_tokens", "grants", "store_ops", "admit_excess_tokens", "admit_bound_tokens", "budget_excess_tokens",
 		"budget_bound_tokens", "peak_burst_share", "max_debt_tokens", "debited_tokens", "charged_excess_tokens",
-		"debt_bound_tokens", "lowest_level_tokens"}}
+		"debt_bound_tokens", "lowest_level_tokens", "charged_tokens"}}
 	for _, k := range r.Keys {
 		rows = append(rows, []string{k.Key, tok(k.CapacityMicro), f64(k.RatePerSecond / float64(bucket.PerToken)),
 			i64(k.TTL.Milliseconds()), tok(k.Granted), tok(k.Spent), tok(k.Returned), i64(k.Grants), i64(k.Ops),
 			tok(int64(k.AdmitExcess)), tok(int64(k.AdmitBound)), tok(int64(k.BudgetExcess)), tok(int64(k.BudgetBound)),
 			f64(k.PeakBurstShare), tok(k.MaxDebt), tok(k.Debited), tok(int64(k.ChargedExcess)), tok(int64(k.DebtBound)),
-			tok(k.Lowest)})
+			tok(k.Lowest), tok(k.Charged)})
 	}
 	return rows
 }

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +27,9 @@ func settledScenario(t *testing.T, d time.Duration) *Scenario {
 func TestSettledCosts(t *testing.T) {
 	sc := settledScenario(t, 40*time.Second)
 	res := run(t, sc)
+	if again := run(t, sc); !bytes.Equal(report(t, res, sc), report(t, again, sc)) {
+		t.Fatal("two runs of the same scenario and seed gave different reports")
+	}
 	if res.Failed() {
 		t.Fatalf("violations: %+v", res.Violations)
 	}
