@@ -78,6 +78,9 @@ func (l *Limiter) applyAcquire(now clock.Nanos, c *Call, r Reply) error {
 			}
 			l.failLocked(now, e)
 			e.fail.setLost(c, f == MaybeApplied)
+			if it.DebtMicro > 0 {
+				l.debtFailedLocked(e, c, f == MaybeApplied)
+			}
 			e.unlock()
 		}
 		return mismatch
@@ -92,11 +95,34 @@ func (l *Limiter) applyAcquire(now clock.Nanos, c *Call, r Reply) error {
 			e.fail.setLost(c, false)
 		}
 		if back := c.Acquire.Items[i].ReturnMicro; back > 0 {
-			l.handedBack(back)
-			l.stats.CreditedMicro.Add(uint64(max(0, res.CreditedMicro)))
-			if res.Status != coordinatorv1.Status_STATUS_OK && res.Status != coordinatorv1.Status_STATUS_DENIED {
+			switch res.Status {
+			case coordinatorv1.Status_STATUS_OK, coordinatorv1.Status_STATUS_DENIED:
+				l.handedBack(back)
+				l.stats.CreditedMicro.Add(uint64(max(0, res.CreditedMicro)))
+			case coordinatorv1.Status_STATUS_STALE:
+				// Nothing was done: the lease waits to be handed back again.
+				e.sw().back.add(bucket.Micro(back), bucket.Millis(c.Acquire.Items[i].ReturnGrantedAtMs), c.sentAt)
+				l.settleBackLocked(now, e)
+			default:
+				l.handedBack(back)
 				l.stats.LostMicro.Add(uint64(back))
 			}
+		}
+		it := c.Acquire.Items[i]
+		if it.NeededMicro == 0 && it.MinMicro == 0 && res.Status == coordinatorv1.Status_STATUS_OK {
+			// An item of debt alone: nothing was asked for, the lease and the deny cache stand.
+			l.debtAnsweredLocked(e, c, res)
+			if e.s().next.tokens == 0 {
+				e.refilling.Store(false)
+			}
+			e.level = bucket.Micro(res.RemainingMicro)
+			e.setRemainingLocked()
+			if len(e.s().waiting) > 0 {
+				l.queueLocked(e)
+			}
+			l.oweAgainLocked(now, e)
+			e.unlock()
+			continue
 		}
 		e.refilling.Store(false)
 		switch res.Status {
@@ -116,12 +142,87 @@ func (l *Limiter) applyAcquire(now clock.Nanos, c *Call, r Reply) error {
 			// A store that timed out may still have applied the item.
 			e.fail.setLost(c, res.Status == coordinatorv1.Status_STATUS_STORE_UNAVAILABLE)
 		}
+		if it.DebtMicro > 0 {
+			l.debtAnsweredLocked(e, c, res)
+		}
 		if len(e.s().waiting) > 0 {
 			l.queueLocked(e) // checks the answer could not serve wait for the next refill
 		}
+		l.oweAgainLocked(now, e)
 		e.unlock()
 	}
 	return mismatch
+}
+
+// debtAnsweredLocked accounts the debt an answered item carried: debited, forgiven past the
+// bucket's max_debt, or put back to go again (stale: nothing was done). A store failure of the
+// item may have applied it: the key's resend carries the same debt, answered from the record.
+// e.mu is held.
+func (l *Limiter) debtAnsweredLocked(e *entry, c *Call, res *coordinatorv1.AcquireResult) {
+	out := e.s().debtOut
+	if out == 0 {
+		return
+	}
+	e.slow.debtOut = 0
+	s := e.slow
+	switch res.Status {
+	case coordinatorv1.Status_STATUS_OK, coordinatorv1.Status_STATUS_DENIED:
+		charged := min(max(0, bucket.Micro(res.DebtChargedMicro)), out)
+		l.stats.DebtCharged.Add(uint64(charged))
+		l.stats.DebtForgiven.Add(uint64(out - charged))
+		debited(s.debtOutFor, charged)
+		s.debtOutFor = nil
+	case coordinatorv1.Status_STATUS_STALE:
+		s.debt += out
+		s.debtWait = append(s.debtOutFor, s.debtWait...)
+		s.debtOutFor = nil
+	case coordinatorv1.Status_STATUS_STORE_UNAVAILABLE:
+		if e.fail != nil && e.fail.lostSeq == c.Acquire.Seq {
+			e.fail.lostDebt = out // its settles wait for the resend
+		} else {
+			l.stats.DebtLost.Add(uint64(out))
+			unconfirmed(s.debtOutFor)
+			s.debtOutFor = nil
+		}
+	default: // the coordinator refused the item: it will refuse it again
+		l.stats.DebtLost.Add(uint64(out))
+		unconfirmed(s.debtOutFor)
+		s.debtOutFor = nil
+	}
+}
+
+// debtFailedLocked accounts the debt of an item whose call failed as a whole. Not applied, the
+// debt is pending again (it goes once the key's backoff is over). Maybe applied, the key's next
+// call resends this seq if it is the key's oldest of unknown outcome, with the same debt
+// (answered from the record if it was debited); otherwise the debt is lost: it may have been
+// debited, and is never sent twice. e.mu is held.
+func (l *Limiter) debtFailedLocked(e *entry, c *Call, maybe bool) {
+	out := e.s().debtOut
+	if out == 0 {
+		return
+	}
+	e.slow.debtOut = 0
+	s := e.slow
+	switch {
+	case !maybe:
+		s.debt += out
+		s.debtWait = append(s.debtOutFor, s.debtWait...)
+		s.debtOutFor = nil
+	case e.fail.lostSeq == c.Acquire.Seq:
+		e.fail.lostDebt = out // its settles wait for the resend
+	default:
+		l.stats.DebtLost.Add(uint64(out))
+		unconfirmed(s.debtOutFor)
+		s.debtOutFor = nil
+	}
+}
+
+// oweAgainLocked queues e's pending debt after an answer (the call that carried the last one is
+// back). e.mu is held.
+func (l *Limiter) oweAgainLocked(now clock.Nanos, e *entry) {
+	if e.owesLocked() {
+		l.oweLocked(now, e)
+	}
 }
 
 // applyReturns accounts for the leases c handed back alone (Acquire.Returns or Return.Items):
@@ -145,6 +246,15 @@ func (l *Limiter) applyReturns(c *Call, f Failure, n int, result func(int) *coor
 		if (f == NotApplied || f == UnknownPolicy) && !e.view.closed.Load() {
 			// Not applied: it waits to be handed back again (unless its policy is gone: then no
 			// coordinator will take it).
+			e.mu.Lock()
+			e.sw().back.add(bucket.Micro(amount), bucket.Millis(grantedAt), c.sentAt)
+			l.settleBackLocked(c.sentAt, e)
+			e.unlock()
+			continue
+		}
+		if f == Answered && result(i).GetStatus() == coordinatorv1.Status_STATUS_STALE && !e.view.closed.Load() {
+			// Nothing was done (a newer return of the key overtook it): it waits to be handed
+			// back again.
 			e.mu.Lock()
 			e.sw().back.add(bucket.Micro(amount), bucket.Millis(grantedAt), c.sentAt)
 			l.settleBackLocked(c.sentAt, e)
@@ -346,7 +456,7 @@ func dropFront(ts []*Ticket, n int) []*Ticket {
 func (f *fails) setLost(c *Call, unknown bool) {
 	switch {
 	case !unknown:
-		f.lostSeq, f.lostSentAt = 0, 0
+		f.lostSeq, f.lostSentAt, f.lostDebt = 0, 0, 0
 	case f.lostSeq == 0:
 		f.lostSeq, f.lostSentAt = c.Acquire.Seq, c.sentAt
 	}

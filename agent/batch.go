@@ -49,7 +49,7 @@ func (s *Server) CheckBatch(ctx context.Context, req *agentv1.CheckBatchRequest)
 func batchSlots(checks []*agentv1.CheckRequest) []slot {
 	slots := make([]slot, len(checks))
 	for i, c := range checks {
-		slots[i].q = Query{Tenant: c.GetTenant(), Path: c.GetRoute(), Operation: c.GetOperation(), Cost: c.GetCost()}
+		slots[i].q = Query{Tenant: c.GetTenant(), Path: c.GetRoute(), Operation: c.GetOperation(), Cost: c.GetCost(), Settle: c.GetSettle()}
 		slots[i].key = c.GetIdempotencyKey()
 	}
 	return slots

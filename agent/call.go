@@ -138,7 +138,7 @@ func (l *Limiter) buildAcquire(now clock.Nanos, v *view, batch []*entry) *Call {
 		l.qmu.Unlock()
 	}
 	for _, e := range batch {
-		if it := l.acquireItem(now, v, e); it != nil {
+		if it := l.acquireItem(now, v, e, c); it != nil {
 			c.entries = append(c.entries, e)
 			c.Acquire.Items = append(c.Acquire.Items, it)
 		}
@@ -158,8 +158,9 @@ func (l *Limiter) buildAcquire(now clock.Nanos, v *view, batch []*entry) *Call {
 	return c
 }
 
-// acquireItem is e's item of an Acquire, or nil when e needs none any more.
-func (l *Limiter) acquireItem(now clock.Nanos, v *view, e *entry) *coordinatorv1.AcquireItem {
+// acquireItem is e's item of an Acquire c, or nil when e needs none any more. An entry with
+// debt and no refill to ask for gets an item of its debt alone.
+func (l *Limiter) acquireItem(now clock.Nanos, v *view, e *entry, c *Call) *coordinatorv1.AcquireItem {
 	e.mu.Lock()
 	defer e.unlock()
 	e.queued = false
@@ -168,20 +169,40 @@ func (l *Limiter) acquireItem(now clock.Nanos, v *view, e *entry) *coordinatorv1
 		// Close): its waiting checks check again against the current view.
 		e.refilling.Store(false)
 		l.releaseLocked(e)
+		if e.view == v && l.owes(e, c) {
+			// Evicted, or the Limiter closed, with debt: the bucket is still the policy's, the
+			// debt goes alone.
+			return l.debtItem(now, v, e, c)
+		}
+		l.dropDebtLocked(e)
 		return nil
 	}
+	debtOnly := e.s().debtOnly
+	if debtOnly {
+		e.slow.debtOnly = false
+	}
 	if len(e.s().waiting) == 0 {
+		if debtOnly && l.owes(e, c) {
+			// Queued for its debt: no check asked for a refill.
+			return l.debtItem(now, v, e, c)
+		}
 		if e.s().next.tokens > 0 {
 			// A prefetch while the lease prefetched last time still waits to be installed (the
 			// next check does that): asking again would only add a lease that sits unused.
 			// refilling stays set, so checks below the low water do not queue it again;
 			// installing the waiting lease clears it (promoteLocked).
+			if l.owes(e, c) {
+				return l.debtItem(now, v, e, c)
+			}
 			return nil
 		}
 		if e.usableLocked(now, e.lowWater.Load()) || now < clock.Nanos(e.deniedUntil.Load()) {
 			// A prefetch no longer needed (the prefetched lease was installed meanwhile), or not
 			// yet allowed (the key is paced: its share of the bucket's refill is not there yet).
 			e.refilling.Store(false)
+			if l.owes(e, c) {
+				return l.debtItem(now, v, e, c)
+			}
 			return nil
 		}
 	}
@@ -208,7 +229,60 @@ func (l *Limiter) acquireItem(now clock.Nanos, v *view, e *entry) *coordinatorv1
 			l.settleBackLocked(now, e) // decayed away: given up
 		}
 	}
+	it.DebtMicro = int64(l.takeDebtLocked(e, c))
 	return it
+}
+
+// owes reports whether e has debt for call c: a resend carries the debt of the call it repeats,
+// a new call what is pending. e.mu is held.
+func (l *Limiter) owes(e *entry, c *Call) bool {
+	if c.resend {
+		return e.fail != nil && e.fail.lostSeq == c.Acquire.Seq && e.fail.lostDebt > 0
+	}
+	return e.s().debt > 0
+}
+
+// takeDebtLocked moves e's debt into call c: for a resend, exactly the debt of the call it
+// repeats (the coordinator answers from its record what that one debited); otherwise all that
+// is pending. e.mu is held.
+func (l *Limiter) takeDebtLocked(e *entry, c *Call) bucket.Micro {
+	var d bucket.Micro
+	switch {
+	case c.resend:
+		if e.fail != nil && e.fail.lostSeq == c.Acquire.Seq {
+			d = e.fail.lostDebt
+		}
+	case e.s().debt > 0:
+		d = e.slow.debt
+		e.slow.debt = 0
+		e.slow.debtOutFor = append(e.slow.debtOutFor, e.slow.debtWait...)
+		e.slow.debtWait = nil
+	}
+	if d > 0 {
+		e.sw().debtOut = d
+	}
+	return d
+}
+
+// debtItem is an item of e's debt alone: nothing to take (needed and min 0). refilling stays set
+// while it is out, so that no other call of the key is queued meanwhile (a key has one call
+// out at a time: its seqs reach the store in order); its answer clears it. e.mu is held.
+func (l *Limiter) debtItem(now clock.Nanos, v *view, e *entry, c *Call) *coordinatorv1.AcquireItem {
+	e.inflight = true
+	e.refilling.Store(true)
+	it := &coordinatorv1.AcquireItem{Bucket: l.ref(v, e), DemandMicroPerSecond: int64(e.demand.Rate())}
+	it.DebtMicro = int64(l.takeDebtLocked(e, c))
+	return it
+}
+
+// dropDebtLocked forgets the debt of an entry whose bucket is gone with its policy. e.mu is held.
+func (l *Limiter) dropDebtLocked(e *entry) {
+	if s := e.slow; s != nil && s.debt > 0 {
+		l.stats.DebtLost.Add(uint64(s.debt))
+		s.debt = 0
+		unconfirmed(s.debtWait)
+		s.debtWait = nil
+	}
 }
 
 // rideAlong adds to an Acquire of view v the leases of other keys of v waiting to be handed back

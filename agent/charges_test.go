@@ -98,7 +98,13 @@ func TestChargesAllOrNothing(t *testing.T) {
 // budget) of acme's /api checks.
 func chargeLevel(t *testing.T, s *stack, rule string) bucket.Micro {
 	t.Helper()
-	r, _ := s.set.Match("/api/x", "GET")
+	return chargeLevelOf(t, s, "/api/x", "GET", rule)
+}
+
+// chargeLevelOf is the store's level of the bucket of a charge of acme's checks of path and op.
+func chargeLevelOf(t *testing.T, s *stack, path, op, rule string) bucket.Micro {
+	t.Helper()
+	r, _ := s.set.Match(path, op)
 	for _, id := range r.Charges() {
 		c := s.set.RouteByID(id)
 		if c.Rule.Name != rule {
@@ -114,7 +120,7 @@ func chargeLevel(t *testing.T, s *stack, rule string) bucket.Micro {
 		}
 		return lvl
 	}
-	t.Fatalf("/api charges no %s", rule)
+	t.Fatalf("%s charges no %s", path, rule)
 	return 0
 }
 

@@ -89,6 +89,7 @@ type fails struct {
 	// again (resendable), so the coordinator answers from its record what Redis granted.
 	lostSeq    uint64
 	lostSentAt clock.Nanos
+	lostDebt   bucket.Micro // the debt that Acquire carried: its resend carries the same
 }
 
 // grant is a lease not yet installed as the current lease.
@@ -106,6 +107,12 @@ type slowState struct {
 	next    grant     // a prefetched lease waiting for the current one to run out
 	back    handBack  // unspent leases to hand back
 	waiting []*Ticket // checks waiting for a refill, first come first served
+	// debt is cost settled beyond an estimate that no lease held, µ, for the key's next call;
+	// debtOut is the debt that call carries, until its answer (settle.go). The settles waiting
+	// for their debt's debit go with it, in order.
+	debt, debtOut        bucket.Micro
+	debtWait, debtOutFor []*debtWaiter
+	debtOnly             bool // queued for its debt alone (oweLocked), not for a refill
 }
 
 // noSlow is what s reads for an entry without slow state. It is never written.
@@ -130,7 +137,8 @@ func (e *entry) sw() *slowState {
 // trimLocked drops the slow state once it holds nothing. e.mu is held; unlock calls it, so every
 // change under the lock ends with it.
 func (e *entry) trimLocked() {
-	if s := e.slow; s != nil && s.next.tokens == 0 && s.back.amount == 0 && len(s.waiting) == 0 {
+	if s := e.slow; s != nil && s.next.tokens == 0 && s.back.amount == 0 && len(s.waiting) == 0 && s.debt == 0 && s.debtOut == 0 &&
+		len(s.debtWait) == 0 && len(s.debtOutFor) == 0 {
 		e.slow = nil
 	}
 }

@@ -76,6 +76,9 @@ func (e envoyServer) ShouldRateLimit(ctx context.Context, req *ratelimitv3.RateL
 		s.metrics.envoy("invalid")
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	if slots[0].q.after {
+		return s.envoyAfter(slots), nil
+	}
 	if len(slots) == 1 || s.lim.view.Load().set.Envoy().PerDescriptor || !s.decideTogether(ctx, slots) {
 		s.decide(ctx, apiEnvoy, slots)
 	}
@@ -159,6 +162,24 @@ func (e envoyServer) ShouldRateLimit(ctx context.Context, req *ratelimitv3.RateL
 			header(RateLimitPolicyHeader, strings.Join(policies, ", ")), header(RateLimitHeader, strings.Join(state, ", ")))
 	}
 	return resp, nil
+}
+
+// envoyAfter charges descriptors sent after the response (Envoy's apply_on_stream_done, marked
+// with the policy's envoy.settle_key entry): each one's hits_addend is a cost after the fact,
+// charged in every bucket its check would charge (from leases, the rest as debt). Envoy ignores
+// the answer; it is OK for each.
+func (s *Server) envoyAfter(slots []slot) *ratelimitv3.RateLimitResponse {
+	now := s.now()
+	resp := &ratelimitv3.RateLimitResponse{
+		OverallCode: ratelimitv3.RateLimitResponse_OK,
+		Statuses:    make([]*ratelimitv3.RateLimitResponse_DescriptorStatus, len(slots)),
+	}
+	for i := range slots {
+		s.lim.ChargeAfter(now, slots[i].q)
+		resp.Statuses[i] = &ratelimitv3.RateLimitResponse_DescriptorStatus{Code: ratelimitv3.RateLimitResponse_OK}
+	}
+	s.metrics.envoy("after_response")
+	return resp
 }
 
 func header(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, Value: v} }
@@ -258,7 +279,14 @@ func (s *Server) envoySlots(req *ratelimitv3.RateLimitRequest) ([]slot, error) {
 	for i, d := range req.Descriptors {
 		q, err := envoyQuery(m, d, req.HitsAddend)
 		if err == nil {
-			_, err = s.lim.resolve(v, q)
+			if q.after {
+				err = s.lim.validAfter(v, q)
+			} else {
+				_, err = s.lim.resolve(v, q)
+			}
+		}
+		if err == nil && q.after != slots[0].q.after && i > 0 {
+			err = fmt.Errorf("%w: descriptors with the %q entry (sent after the response) and without it in one request", ErrInvalidRoute, m.SettleKey)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("descriptor %d: %w", i, err)
@@ -285,7 +313,7 @@ func envoyQuery(m policy.Envoy, d *commonv3.RateLimitDescriptor, hits uint32) (Q
 		return Query{}, fmt.Errorf("%w: %d entries, at most %d", ErrInvalidRoute, len(d.Entries), MaxEnvoyEntries)
 	}
 	q := Query{Cost: int64(hits)}
-	var tenant, path, op bool
+	var tenant, path, op, after bool
 	for j, en := range d.Entries {
 		if en == nil {
 			return Query{}, fmt.Errorf("%w: entry %d is empty", ErrInvalidRoute, j)
@@ -302,9 +330,11 @@ func envoyQuery(m policy.Envoy, d *commonv3.RateLimitDescriptor, hits uint32) (Q
 			seen, q.Path = &path, en.Value
 		case m.OperationKey:
 			seen, q.Operation = &op, en.Value
+		case m.SettleKey:
+			seen = &after
 		default:
-			return Query{}, fmt.Errorf("%w: entry %d: unknown key %q; this agent reads %q, %q and %q",
-				ErrInvalidRoute, j, en.Key, m.TenantKey, m.RouteKey, m.OperationKey)
+			return Query{}, fmt.Errorf("%w: entry %d: unknown key %q; this agent reads %q, %q, %q and %q",
+				ErrInvalidRoute, j, en.Key, m.TenantKey, m.RouteKey, m.OperationKey, m.SettleKey)
 		}
 		if *seen {
 			return Query{}, fmt.Errorf("%w: entry %d: key %q appears twice", ErrInvalidRoute, j, en.Key)
@@ -324,6 +354,7 @@ func envoyQuery(m policy.Envoy, d *commonv3.RateLimitDescriptor, hits uint32) (Q
 		}
 		q.Cost = int64(h)
 	}
+	q.after = after
 	return q, nil
 }
 

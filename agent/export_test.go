@@ -1,6 +1,10 @@
 package agent
 
-import "context"
+import (
+	"context"
+
+	"github.com/leasebucket/leasebucket/internal/clock"
+)
 
 // Decide is the check path for one query, for the tests of package agent_test: what Check does
 // without the protobuf.
@@ -9,3 +13,10 @@ func (s *Server) Decide(ctx context.Context, q Query) (Verdict, error) {
 	s.decide(ctx, apiCheck, sl[:])
 	return sl[0].v, sl[0].err
 }
+
+// HoldForTest keeps the hold of an allowed check of q at now without deciding it (as for a check
+// of lease: off), for the tests of the settle window.
+func (l *Limiter) HoldForTest(q Query, now clock.Nanos) uint64 { return l.holdAfter(now, q) }
+
+// Holds is the number of checks waiting for Settle.
+func (l *Limiter) Holds() int { return l.holds.Len() }

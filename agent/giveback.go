@@ -107,6 +107,14 @@ func (l *Limiter) retireEntry(e *entry) {
 	}
 	l.handBackLocked(now, e, e.retireLocked())
 	l.releaseLocked(e)
+	if e.owesLocked() && !e.inflight && !e.queued {
+		// Its debt goes alone, once, failure backoff or not: no check will bring it a call.
+		e.queued = true
+		l.qmu.Lock()
+		l.queue = append(l.queue, e)
+		l.qmu.Unlock()
+		l.signal()
+	}
 }
 
 func (l *Limiter) evicted(e *entry) {
@@ -153,6 +161,9 @@ func (l *Limiter) expireEntry(now clock.Nanos, e *entry) {
 	}
 	if !e.backed {
 		l.settleBackLocked(now, e)
+	}
+	if e.owesLocked() {
+		l.oweLocked(now, e) // a debt put back by a failed call goes once the backoff is over
 	}
 }
 

@@ -35,6 +35,10 @@ type Config struct {
 	// RecordForfeits keeps a record of every lease given up instead of handed back, for Forfeits
 	// (the simulator's ledgers); off, they are only counted.
 	RecordForfeits bool
+	// SettleWindow is how long a check with Query.Settle can be settled (DefaultSettleWindow if
+	// zero); MaxHolds bounds the checks waiting to be settled (DefaultMaxHolds if zero).
+	SettleWindow time.Duration
+	MaxHolds     int
 }
 
 // DefaultMaxKeys bounds the lease table when Config.MaxKeys is 0: a million keys stay within a
@@ -61,6 +65,8 @@ type Limiter struct {
 	fmu      sync.Mutex
 	forfeits []Forfeit
 
+	holds *holds // checks waiting for Settle
+
 	stats Stats
 }
 
@@ -78,7 +84,7 @@ func New(cfg Config, set *policy.Set) *Limiter {
 	if cfg.MaxKeys <= 0 {
 		cfg.MaxKeys = DefaultMaxKeys
 	}
-	l := &Limiter{cfg: cfg, parked: newParking(cfg.MaxKeys), wake: make(chan struct{}, 1)}
+	l := &Limiter{cfg: cfg, parked: newParking(cfg.MaxKeys), wake: make(chan struct{}, 1), holds: newHolds(cfg.SettleWindow, cfg.MaxHolds)}
 	l.view.Store(l.newView(set))
 	return l
 }
@@ -155,6 +161,8 @@ type Verdict struct {
 	Limits     *policy.Limits
 	// Ticket is the refill a Wait verdict waits for.
 	Ticket *Ticket
+	// SettleID names an allowed check of Query.Settle for Settle (settle.go); 0 otherwise.
+	SettleID uint64
 }
 
 // Ticket is a check waiting for a refill of its key. Ready is closed when it is decided; Verdict
@@ -208,7 +216,7 @@ func (l *Limiter) Check(now clock.Nanos, q Query) (Verdict, error) {
 	// route that charges several buckets goes through check, all or nothing). This is serve
 	// written out, since the compiler does not inline it (cost 170, budget 80), and the call and
 	// the copy of its verdict were a fifth of an in-process check (BenchmarkCheck 59 → 49 ns).
-	if e := res.e; e != nil && !res.charges && e.touched.Load() {
+	if e := res.e; e != nil && !res.charges && !res.settle && e.touched.Load() {
 		if left, ok := e.spend(now, res.cost); ok {
 			if left < e.lowWater.Load() && !e.refilling.Load() {
 				l.prefetch(e)
@@ -234,6 +242,9 @@ func (l *Limiter) serve(now clock.Nanos, e *entry, c int64) (v Verdict, ok bool)
 
 // check decides a resolved query.
 func (l *Limiter) check(now clock.Nanos, res *resolved, tenant string) Verdict {
+	if res.settle && !res.route.Rule.Direct {
+		return l.checkSettle(now, res, tenant)
+	}
 	if res.charges {
 		return l.checkCharges(now, res, tenant)
 	}
@@ -429,10 +440,22 @@ type Stats struct {
 	Refunds        atomic.Uint64 // costs given back to their lease by a check of several buckets that one refused
 	RefundsLost    atomic.Uint64 // of those, costs whose lease was retired meanwhile: they stay spent
 	LostMicro      atomic.Uint64 // µ handed back in calls that failed
-	Expired        atomic.Uint64 // leases that expired with tokens left
-	Evicted        atomic.Uint64 // keys evicted by the LRU bound
-	Released       atomic.Uint64 // waiting checks told to check again: their key was retired while they waited
-	PolicyMismatch atomic.Uint64 // coordinator did not know the policy version or a route
+
+	Holds            atomic.Uint64 // checks allowed with Query.Settle, kept for Settle
+	HoldsDropped     atomic.Uint64 // of those, dropped unsettled (past the settle window, or to make room): their estimate stays charged
+	Settles          atomic.Uint64 // Settle calls applied
+	ChargedAfter     atomic.Uint64 // costs charged after the fact with no estimate (Envoy's apply_on_stream_done descriptors)
+	SettleCredited   atomic.Uint64 // µ of estimates given back (per bucket)
+	SettleUncredited atomic.Uint64 // µ of estimates not given back: no lease held them (lease: off, emergency answers, a lease changed under the check)
+	SettleSpent      atomic.Uint64 // µ settled beyond estimates and spent from leases (per bucket)
+	DebtMicro        atomic.Uint64 // µ settled beyond estimates that no lease held: debt for the global buckets
+	DebtCharged      atomic.Uint64 // µ of debt the global buckets were debited
+	DebtForgiven     atomic.Uint64 // µ of debt not debited: the bucket was at its max_debt below zero
+	DebtLost         atomic.Uint64 // µ of debt never sent: its bucket went with a replaced policy, or its call may have failed unapplied
+	Expired          atomic.Uint64 // leases that expired with tokens left
+	Evicted          atomic.Uint64 // keys evicted by the LRU bound
+	Released         atomic.Uint64 // waiting checks told to check again: their key was retired while they waited
+	PolicyMismatch   atomic.Uint64 // coordinator did not know the policy version or a route
 }
 
 // Stats returns the core's counters.

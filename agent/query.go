@@ -14,6 +14,12 @@ type Query struct {
 	Path      string // the request path as received
 	Operation string // class, named operation or HTTP method
 	Cost      int64  // tokens; 0 means the rule's cost
+	// Settle: Cost is an estimate, to be replaced by the actual cost with Limiter.Settle once the
+	// response is done; an allowed check's Verdict carries the SettleID.
+	Settle bool
+	// after: Cost was incurred after the response (an Envoy descriptor of apply_on_stream_done);
+	// it is charged with ChargeAfter, never decided.
+	after bool
 }
 
 // Errors of Check: the request is malformed, not a decision.
@@ -36,6 +42,8 @@ type resolved struct {
 	e     *entry
 	// charges: the route charges other buckets too, all or nothing (charges.go)
 	charges bool
+	// settle: the query's cost is an estimate to settle (settle.go)
+	settle bool
 }
 
 // resolve is the one place a query meets the policy: it matches the route, finds the limits (from
@@ -69,6 +77,7 @@ func (l *Limiter) resolveInto(v *view, q Query, res *resolved) error {
 		return costError(cost, burst, r.Rule.Name)
 	}
 	res.cost = cost * int64(bucket.PerToken)
+	res.settle = q.Settle
 	if len(r.Charges()) > 0 {
 		if q.Cost != 0 {
 			if err := l.resolveCharges(v, r, q.Tenant, cost); err != nil {

@@ -238,6 +238,11 @@ func (s *Server) await(sl *slot, v Verdict) {
 // resolve completes a slot; the leader of an idempotency key publishes its decision at once,
 // so a repeat waiting in the same batch sees it.
 func (s *Server) resolve(sl *slot, v Verdict, err error) {
+	if err == nil && sl.q.Settle && v.Outcome == Allow && v.SettleID == 0 {
+		// Allowed without a lease to hold the estimate (lease: off, an emergency answer): the
+		// hold still takes the actual cost.
+		v.SettleID = s.lim.holdAfter(s.now(), sl.q)
+	}
 	sl.v, sl.err, sl.state = v, err, slotDone
 	if sl.leader {
 		s.idem.finish(sl.ik, sl.rec, v, err)
@@ -346,7 +351,7 @@ func (s *Server) record(api string, now clock.Nanos, sl *slot) {
 
 // Check implements AgentService.Check.
 func (s *Server) Check(ctx context.Context, req *agentv1.CheckRequest) (*agentv1.CheckResponse, error) {
-	sl := [1]slot{{q: Query{Tenant: req.Tenant, Path: req.Route, Operation: req.Operation, Cost: req.Cost}, key: req.IdempotencyKey}}
+	sl := [1]slot{{q: Query{Tenant: req.Tenant, Path: req.Route, Operation: req.Operation, Cost: req.Cost, Settle: req.Settle}, key: req.IdempotencyKey}}
 	s.decide(ctx, apiCheck, sl[:])
 	if sl[0].err != nil {
 		return nil, s.statusError(sl[0].err)
@@ -354,6 +359,32 @@ func (s *Server) Check(ctx context.Context, req *agentv1.CheckRequest) (*agentv1
 	resp := &agentv1.CheckResponse{}
 	fillResponse(resp, sl[0].v)
 	resp.Replayed = sl[0].replayed
+	return resp, nil
+}
+
+// Settle implements AgentService.Settle.
+// It answers once the debt (what no lease held) was debited, or after the wait bound with
+// pending set: the debt goes on with the key's calls.
+func (s *Server) Settle(ctx context.Context, req *agentv1.SettleRequest) (*agentv1.SettleResponse, error) {
+	r, err := s.lim.Settle(s.now(), req.SettleId, req.Cost)
+	switch {
+	case errors.Is(err, ErrUnknownSettle):
+		return nil, status.Error(codes.NotFound, err.Error())
+	case err != nil:
+		return nil, s.statusError(err)
+	}
+	wait, cancel := context.WithTimeout(ctx, s.maxWait)
+	defer cancel()
+	ok := r.Debited(wait)
+	resp := &agentv1.SettleResponse{
+		Charged:  int64(r.Charged / bucket.PerToken),
+		Credited: int64(r.Credited / bucket.PerToken),
+		Debt:     int64((r.Debt + bucket.PerToken - 1) / bucket.PerToken),
+		Pending:  !ok,
+	}
+	if ok {
+		resp.Forgiven = int64((r.Forgiven + bucket.PerToken - 1) / bucket.PerToken)
+	}
 	return resp, nil
 }
 
@@ -391,6 +422,7 @@ func fillResponse(resp *agentv1.CheckResponse, v Verdict) {
 		resp.Decision = agentv1.Decision_DECISION_UNAVAILABLE
 	}
 	resp.Degraded = v.Degraded
+	resp.SettleId = v.SettleID
 	resp.ShadowDeny = v.ShadowDeny
 	if v.Outcome == Deny || v.Outcome == Unavailable {
 		resp.RetryAfterMs = max(1, int64((v.RetryAfter+time.Millisecond-1)/time.Millisecond))

@@ -302,3 +302,29 @@ func TestRealAgentStreamUnderLoad(t *testing.T) {
 		t.Errorf("stats %+v: want most checks streamed, coalesced, no stream error", st)
 	}
 }
+
+// TestRealAgentSettle: on the stream and unary, a check with Settle gets an id, Settle replaces
+// its estimate, and a second Settle of the same id is ErrUnknownSettle; a negative cost is an
+// *InvalidError and leaves the check to be settled.
+func TestRealAgentSettle(t *testing.T) {
+	socket := startAgent(t)
+	for _, unary := range []bool{true, false} {
+		c := newClient(t, socket, client.Options{Unary: unary})
+		ctx := ctxTimeout(t, 5*time.Second)
+		res, err := c.Check(ctx, client.Request{Tenant: fmt.Sprintf("settle-%v", unary), Route: "/orders/7", Operation: "GET", Cost: 3, Settle: true})
+		if err != nil || res.Decision != client.Allow || res.SettleID == 0 {
+			t.Fatalf("unary=%v: check = %+v, %v; want allowed with a settle id", unary, res, err)
+		}
+		var invalid *client.InvalidError
+		if _, err := c.Settle(ctx, res.SettleID, -1); !errors.As(err, &invalid) {
+			t.Errorf("unary=%v: Settle(-1) = %v, want an *InvalidError", unary, err)
+		}
+		got, err := c.Settle(ctx, res.SettleID, 1)
+		if err != nil || got.Credited != 2 || got.Charged != 0 {
+			t.Errorf("unary=%v: Settle(1) = %+v, %v; want 2 credited", unary, got, err)
+		}
+		if _, err := c.Settle(ctx, res.SettleID, 1); !errors.Is(err, client.ErrUnknownSettle) {
+			t.Errorf("unary=%v: second Settle = %v, want ErrUnknownSettle", unary, err)
+		}
+	}
+}

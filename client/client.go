@@ -138,6 +138,9 @@ type Request struct {
 	// IdempotencyKey, if set, makes a repeat of the same key on the same bucket within the
 	// agent's window get the first decision without being charged again.
 	IdempotencyKey string
+	// Settle: Cost is an estimate; an allowed check's Result.SettleID is then passed to Settle
+	// with the actual cost once the response is done.
+	Settle bool
 }
 
 // Result is a decision with what the agent knows about the bucket that made it.
@@ -161,6 +164,8 @@ type Result struct {
 	ShadowDeny bool
 	// Replayed: an idempotent repeat answered with the first decision, not charged again.
 	Replayed bool
+	// SettleID names an allowed check of a Request with Settle, for Settle; 0 otherwise.
+	SettleID uint64
 }
 
 // UnreachableError means no decision could be had from the agent: the socket is missing or
@@ -299,6 +304,49 @@ func (c *Client) Check(ctx context.Context, req Request) (Result, error) {
 	return res, err
 }
 
+// Settled is what Settle charged, in tokens.
+type Settled struct {
+	Charged  int64 // beyond the estimate: spent from the agent's leases or sent as debt
+	Credited int64 // the estimate's unused part, given back
+	Debt     int64 // of Charged, what no lease held: debited from the global bucket
+	// Forgiven is, of Debt, what the global bucket did not debit: it was at the rule's max_debt
+	// below zero (rounded up; the most of any bucket the check charged).
+	Forgiven int64
+	// Pending: the agent did not see the debt debited within its wait bound; it goes on with
+	// the key's calls, and Forgiven is not known.
+	Pending bool
+}
+
+// ErrUnknownSettle is returned by Settle when the agent does not hold the id: never given,
+// settled already, or past the agent's settle window (the estimate stays charged). Nothing is
+// charged twice.
+var ErrUnknownSettle = errors.New("client: unknown settle id")
+
+// Settle replaces the estimate of an allowed check (Result.SettleID of a Request with Settle) by
+// its actual cost in tokens, once the response is done. Errors: ErrUnknownSettle, an
+// *InvalidError for a negative cost or one above the bucket's capacity plus its max_debt (the
+// check can be settled again with a valid cost), an *UnreachableError when the agent could not be
+// asked (the settle may be retried with the same id: it is applied at most once).
+func (c *Client) Settle(ctx context.Context, id uint64, cost int64) (Settled, error) {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	if c.rd.down.Load() {
+		c.rd.await(ctx)
+	}
+	resp, err := c.api.Settle(ctx, &agentv1.SettleRequest{SettleId: id, Cost: cost})
+	if status.Code(err) == codes.NotFound {
+		c.observe(nil)
+		return Settled{}, fmt.Errorf("%w: %s", ErrUnknownSettle, status.Convert(err).Message())
+	}
+	if err != nil {
+		err = c.callError(ctx, err)
+		c.observe(err)
+		return Settled{}, err
+	}
+	c.observe(nil)
+	return Settled{Charged: resp.Charged, Credited: resp.Credited, Debt: resp.Debt, Forgiven: resp.Forgiven, Pending: resp.Pending}, nil
+}
+
 // Ready reports whether the agent answers and serves checks: nil when its health service
 // (grpc.health.v1) says the AgentService is SERVING, or when the agent has no health service;
 // an *UnreachableError when it is unreachable, does not answer by the deadline or is not
@@ -353,7 +401,7 @@ func (c *Client) observe(err error) {
 // check sends one check, on the stream or unary.
 func (c *Client) check(ctx context.Context, req Request) (Result, error) {
 	pb := &agentv1.CheckRequest{Tenant: req.Tenant, Route: req.Route, Operation: req.Operation,
-		Cost: req.Cost, IdempotencyKey: req.IdempotencyKey}
+		Cost: req.Cost, IdempotencyKey: req.IdempotencyKey, Settle: req.Settle}
 	if c.st != nil {
 		resp, errMsg, err := c.st.check(ctx, pb)
 		switch {
@@ -393,6 +441,7 @@ func (c *Client) result(resp *agentv1.CheckResponse, errMsg string) (Result, err
 		Rule:       resp.Rule,
 		ShadowDeny: resp.ShadowDeny,
 		Replayed:   resp.Replayed,
+		SettleID:   resp.SettleId,
 	}
 	switch resp.Decision {
 	case agentv1.Decision_DECISION_ALLOW:

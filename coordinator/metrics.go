@@ -29,6 +29,8 @@ type Metrics struct {
 	grantedTokens   prometheus.Counter
 	returnedTokens  prometheus.Counter
 	forfeitedTokens prometheus.Counter
+	debtTokens      prometheus.Counter
+	forgivenTokens  prometheus.Counter
 	storeUp         prometheus.Gauge
 	policy          *prometheus.GaugeVec
 }
@@ -70,6 +72,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		grantedTokens:   counter("granted_tokens_total", "Tokens debited from global buckets by grants."),
 		returnedTokens:  counter("returned_tokens_total", "Tokens credited back to global buckets by returns."),
 		forfeitedTokens: counter("return_forfeited_tokens_total", "Unspent tokens of returned leases not credited back (decayed by the refill since the grant, or above capacity)."),
+		debtTokens:      counter("debt_tokens_total", "Tokens of costs settled after the fact debited from global buckets (even below zero, down to the rule's max_debt)."),
+		forgivenTokens:  counter("debt_forgiven_tokens_total", "Tokens of costs settled after the fact not charged: the bucket was at its max_debt below zero."),
 		storeUp: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "store_up",
 			Help: "1 while the store answers the health probe (the gRPC health status is SERVING), else 0."}),
 		policy: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "policy_info",
@@ -104,7 +108,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, items, replays, batch, store, storeErrs,
-		m.grants, m.returns, m.grantedTokens, m.returnedTokens, m.forfeitedTokens, m.storeUp, m.policy} {
+		m.grants, m.returns, m.grantedTokens, m.returnedTokens, m.forfeitedTokens, m.debtTokens, m.forgivenTokens, m.storeUp, m.policy} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("coordinator: register metrics: %w", err)
 		}
@@ -157,6 +161,15 @@ func (m *Metrics) granted(r TakeResult) {
 		m.grants.Inc()
 		m.grantedTokens.Add(tokens(r.Granted))
 	}
+}
+
+// debt counts what a take charged of its debt and what it forgave (new takes only).
+func (m *Metrics) debt(r TakeResult, debt bucket.Micro) {
+	if m == nil || debt <= 0 || r.Err != nil || r.Replayed || r.Stale {
+		return
+	}
+	m.debtTokens.Add(tokens(r.Debited))
+	m.forgivenTokens.Add(tokens(max(0, debt-r.Debited)))
 }
 
 func (m *Metrics) returned(r ReturnResult, unspent bucket.Micro) {

@@ -179,7 +179,10 @@ func (s *Service) validate(agent string, seq uint64, version string, items int) 
 
 // Acquire debits the global buckets of many keys in one store round trip and grants leases, and
 // credits the leases handed back with it, in the same round trip: a key's own lease in its item
-// (one atomic operation: credit, then take), other keys' in req.Returns (takes that only credit). Items whose reference
+// (one atomic operation: credit, then the item's debt, then take), other keys' in req.Returns
+// (takes that only credit). An item's debt_micro is a cost settled after the fact, charged even
+// below zero down to its bucket's max_debt (the rest forgiven); an item with needed_micro and
+// min_micro 0 and a debt only charges it (STATUS_OK, nothing granted). Items whose reference
 // the policy does not hold, malformed items and a second item on a key already in the call (it
 // would be answered from the first one's idempotency record) are rejected per item without
 // touching the store.
@@ -201,19 +204,28 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 			results[i] = &coordinatorv1.AcquireResult{Status: res.status}
 			continue
 		}
-		cost := bucket.Micro(set.Cost(res.route)) * bucket.PerToken
-		p, err := PlanGrant(res.limits.Bucket, cost, res.route.Rule.Direct, lease.Ask{
-			Needed: bucket.Micro(it.NeededMicro), Least: bucket.Micro(it.MinMicro), Demand: bucket.Micro(it.DemandMicroPerSecond),
-		})
+		if it.DebtMicro < 0 {
+			results[i] = &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_INVALID}
+			continue
+		}
+		var p lease.Plan
+		var err error
+		if !debtOnly(it) {
+			cost := bucket.Micro(set.Cost(res.route)) * bucket.PerToken
+			p, err = PlanGrant(res.limits.Bucket, cost, res.route.Rule.Direct, lease.Ask{
+				Needed: bucket.Micro(it.NeededMicro), Least: bucket.Micro(it.MinMicro), Demand: bucket.Micro(it.DemandMicroPerSecond),
+			})
+		}
 		if errors.Is(err, ErrCostAboveCapacity) {
-			// No wait can satisfy it: denied for good, nothing charged (a lease handed back with
-			// it is lost: an agent never sends one with a cost the policy refuses).
+			// No wait can satisfy it: denied for good, nothing charged (a lease handed back or a debt
+			// sent with it is lost: an agent never sends one with a cost the policy refuses).
 			results[i] = &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_DENIED,
 				RetryAfterMs: int64(bucket.Never)}
 			continue
 		}
 		t := TakeRequest{Key: res.key, Limit: res.limits.Bucket, Want: p.Want, Min: p.Least, Share: p.Share, Unit: p.Unit,
 			Credit: Credit{Amount: bucket.Micro(it.ReturnMicro), GrantedAt: bucket.Millis(it.ReturnGrantedAtMs)},
+			Debt:   bucket.Micro(it.DebtMicro), MaxDebt: res.limits.MaxDebt,
 			Demand: bucket.Micro(it.DemandMicroPerSecond), TTL: bucket.Millis(p.TTL / time.Millisecond), Op: op,
 			Period: s.window(res.limits)}
 		if err != nil || t.Validate() != nil || !seen.add(res.key) {
@@ -246,12 +258,13 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 	var itemErr error
 	for j, r := range out[:len(at)] {
 		i := at[j]
-		results[i] = acquireResult(plans[i], takes[j].Limit, takes[j].Period, r)
+		results[i] = acquireResult(plans[i], &takes[j], r)
 		if r.Err != nil && !errors.Is(r.Err, ErrInvalidRequest) {
 			s.metrics.storeItemError(methodAcquire)
 			itemErr = cmp.Or(itemErr, r.Err)
 		}
 		s.metrics.granted(r)
+		s.metrics.debt(r, takes[j].Debt)
 		if r.Err == nil && !r.Stale && takes[j].Credit.Amount > 0 {
 			s.metrics.returned(ReturnResult{Result: bucket.Result{Granted: r.Credited}, Replayed: r.Replayed}, takes[j].Credit.Amount)
 		}
@@ -272,10 +285,18 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 	return resp, nil
 }
 
-// acquireResult is the answer to one granted, denied or failed take. A calendar quota's lease
-// (w set) lives at most until its period ends on the key clock: the agent counts its lifetime from
-// before the grant, so no token of a period is spent in the next one.
-func acquireResult(p lease.Plan, limit bucket.Limit, w bucket.Window, r TakeResult) *coordinatorv1.AcquireResult {
+// debtOnly reports whether an item only charges a cost settled after the fact: it needs nothing
+// and carries a debt.
+func debtOnly(it *coordinatorv1.AcquireItem) bool {
+	return it.NeededMicro == 0 && it.MinMicro == 0 && it.DebtMicro > 0
+}
+
+// acquireResult is the answer to one granted, denied or failed take t. A calendar quota's lease
+// (t.Period set) lives at most until its period ends on the key clock: the agent counts its
+// lifetime from before the grant, so no token of a period is spent in the next one. A take of
+// nothing (only a debt) is answered OK with nothing granted.
+func acquireResult(p lease.Plan, t *TakeRequest, r TakeResult) *coordinatorv1.AcquireResult {
+	w := t.Period
 	switch {
 	case errors.Is(r.Err, ErrInvalidRequest):
 		return &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_INVALID}
@@ -283,15 +304,25 @@ func acquireResult(p lease.Plan, limit bucket.Limit, w bucket.Window, r TakeResu
 		return &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_STORE_UNAVAILABLE}
 	case r.Stale:
 		return &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_STALE}
+	case t.TakesNothing():
+		return &coordinatorv1.AcquireResult{
+			Status:           coordinatorv1.Status_STATUS_OK,
+			RemainingMicro:   int64(r.Remaining),
+			GrantedAtMs:      int64(r.Now),
+			Replayed:         r.Replayed,
+			CreditedMicro:    int64(r.Credited),
+			DebtChargedMicro: int64(r.Debited),
+		}
 	case r.Granted == 0:
 		return &coordinatorv1.AcquireResult{
-			Status:         coordinatorv1.Status_STATUS_DENIED,
-			RetryAfterMs:   int64(r.RetryAfter),
-			RemainingMicro: int64(r.Remaining),
-			GrantedAtMs:    int64(r.Now),
-			Replayed:       r.Replayed,
-			CreditedMicro:  int64(r.Credited),
-			PaceMs:         int64(r.Pace),
+			Status:           coordinatorv1.Status_STATUS_DENIED,
+			RetryAfterMs:     int64(r.RetryAfter),
+			RemainingMicro:   int64(r.Remaining),
+			GrantedAtMs:      int64(r.Now),
+			Replayed:         r.Replayed,
+			CreditedMicro:    int64(r.Credited),
+			PaceMs:           int64(r.Pace),
+			DebtChargedMicro: int64(r.Debited),
 		}
 	}
 	ttl := int64(p.TTL / time.Millisecond)
@@ -303,14 +334,15 @@ func acquireResult(p lease.Plan, limit bucket.Limit, w bucket.Window, r TakeResu
 		ttl = min(ttl, int64(end-r.Now))
 	}
 	return &coordinatorv1.AcquireResult{
-		Status:         coordinatorv1.Status_STATUS_OK,
-		GrantedMicro:   int64(r.Granted),
-		TtlMs:          ttl,
-		RemainingMicro: int64(r.Remaining),
-		GrantedAtMs:    int64(r.Now),
-		Replayed:       r.Replayed,
-		CreditedMicro:  int64(r.Credited),
-		PaceMs:         int64(r.Pace),
+		Status:           coordinatorv1.Status_STATUS_OK,
+		GrantedMicro:     int64(r.Granted),
+		TtlMs:            ttl,
+		RemainingMicro:   int64(r.Remaining),
+		GrantedAtMs:      int64(r.Now),
+		Replayed:         r.Replayed,
+		CreditedMicro:    int64(r.Credited),
+		PaceMs:           int64(r.Pace),
+		DebtChargedMicro: int64(r.Debited),
 	}
 }
 

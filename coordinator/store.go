@@ -64,29 +64,43 @@ const (
 // below Min (State.TakeShare). Credit, if its Amount is positive, is a lease of the same key
 // handed back in the same atomic operation, credited (State.Return) before the take.
 //
+// Debt is a cost settled after the fact (an agent's actual cost beyond its estimate), charged in
+// the same atomic operation after the Credit and before the take (State.Charge): even below zero,
+// down to -MaxDebt, the rest forgiven (MaxDebt is the rule's max_debt, at most the capacity; 0
+// forgives whatever the bucket does not hold). A request may carry only a debt (Want and Min 0):
+// it takes nothing.
+//
 // Demand (µ per second, the agent's) and TTL (the lease lifetime; 0 for direct mode) feed the
 // contention rule (lease.Contend): when the bucket holds less than Want, the take is cut to the
 // agent's share of the key's demand of what the bucket refills over TTL, and the result's Pace
 // says how long the agent should wait before it asks again. The store keeps each agent's last
 // demand in its record of the key to sum the key's demand.
 type TakeRequest struct {
-	Key    string
-	Limit  bucket.Limit
-	Want   bucket.Micro
-	Min    bucket.Micro
-	Share  int64
-	Unit   bucket.Micro
-	Credit Credit
-	Demand bucket.Micro
-	TTL    bucket.Millis
-	Period bucket.Window
-	Op     OpID
+	Key     string
+	Limit   bucket.Limit
+	Want    bucket.Micro
+	Min     bucket.Micro
+	Share   int64
+	Unit    bucket.Micro
+	Credit  Credit
+	Debt    bucket.Micro
+	MaxDebt bucket.Micro
+	Demand  bucket.Micro
+	TTL     bucket.Millis
+	Period  bucket.Window
+	Op      OpID
 }
 
 // CreditOnly reports whether r only hands a lease back (Want and Min 0, a positive Credit): a
 // return riding in a batch of takes, in the same round trip.
 func (r *TakeRequest) CreditOnly() bool {
 	return r.Want == 0 && r.Min == 0 && r.Credit.Amount > 0
+}
+
+// TakesNothing reports whether r takes no tokens (Want and Min 0): it only hands a lease back, only
+// charges a debt, or both.
+func (r *TakeRequest) TakesNothing() bool {
+	return r.Want == 0 && r.Min == 0 && (r.Credit.Amount > 0 || r.Debt > 0)
 }
 
 // Credit is a lease handed back: Amount unspent microtokens of a lease granted at GrantedAt.
@@ -100,6 +114,9 @@ type TakeResult struct {
 	bucket.Result
 	// Credited is what the request's Credit was credited (after decay and the capacity cap).
 	Credited bucket.Micro
+	// Debited is what was charged of the request's Debt (the rest was forgiven: the bucket was
+	// at -MaxDebt).
+	Debited bucket.Micro
 	// Pace is how long the agent should wait before it asks for the key again (lease.Pace): set
 	// when the take was contended, 0 otherwise.
 	Pace bucket.Millis
@@ -141,7 +158,11 @@ func (r *TakeRequest) Validate() error {
 		return fmt.Errorf("%w: key length %d not in 1..%d", ErrInvalidRequest, len(r.Key), MaxKey)
 	case r.Limit.Capacity() < 1:
 		return fmt.Errorf("%w: key %q has no limit", ErrInvalidRequest, r.Key)
-	case r.CreditOnly():
+	case r.Debt < 0 || r.Debt > bucket.MaxExact/2:
+		return fmt.Errorf("%w: key %q charges a debt of %d µ (need 0..2^52)", ErrInvalidRequest, r.Key, r.Debt)
+	case r.MaxDebt < 0 || r.MaxDebt > r.Limit.Capacity():
+		return fmt.Errorf("%w: key %q max debt %d µ not in 0..capacity", ErrInvalidRequest, r.Key, r.MaxDebt)
+	case r.TakesNothing():
 	case r.Min < 1 || r.Want < r.Min:
 		return fmt.Errorf("%w: key %q wants %d µ with minimum %d µ (need 1 <= min <= want)",
 			ErrInvalidRequest, r.Key, r.Want, r.Min)

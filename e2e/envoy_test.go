@@ -214,3 +214,67 @@ func fenced(t *testing.T, doc, marker, lang string) string {
 	}
 	return body
 }
+
+// TestEnvoyAfterResponseConfig: the per-route rate limit configuration in docs/gateway.md for costs
+// known after the response parses with Envoy's types and passes their validation; its request
+// path entry charges an estimate with the policy's three descriptor keys, and its stream-end entry
+// adds the policy's settle key, is applied on stream done and takes its hits from a format.
+func TestEnvoyAfterResponseConfig(t *testing.T) {
+	doc, err := os.ReadFile("../docs/gateway.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tree struct {
+		PerFilter map[string]any `yaml:"typed_per_filter_config"`
+	}
+	if err := yaml.Unmarshal([]byte(fenced(t, string(doc), "<!-- envoy-after:", "yaml")), &tree); err != nil {
+		t.Fatal(err)
+	}
+	js, err := json.Marshal(tree.PerFilter["envoy.filters.http.ratelimit"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a anypb.Any
+	if err := protojson.Unmarshal(js, &a); err != nil {
+		t.Fatalf("not a typed config: %v", err)
+	}
+	var per ratelimitv3.RateLimitPerRoute
+	if err := a.UnmarshalTo(&per); err != nil {
+		t.Fatal(err)
+	}
+	if err := per.ValidateAll(); err != nil {
+		t.Fatal(err)
+	}
+	set, err := policy.Load("../examples/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := set.Envoy()
+	keys := func(rl *routev3.RateLimit) []string {
+		var ks []string
+		for _, act := range rl.Actions {
+			switch {
+			case act.GetMetadata() != nil:
+				ks = append(ks, act.GetMetadata().DescriptorKey)
+			case act.GetRequestHeaders() != nil:
+				ks = append(ks, act.GetRequestHeaders().DescriptorKey)
+			case act.GetGenericKey() != nil:
+				ks = append(ks, act.GetGenericKey().DescriptorKey)
+			}
+		}
+		return ks
+	}
+	if len(per.RateLimits) != 2 {
+		t.Fatalf("%d rate limits, want the request's and the stream end's", len(per.RateLimits))
+	}
+	req, end := per.RateLimits[0], per.RateLimits[1]
+	if got, want := strings.Join(keys(req), ","), strings.Join([]string{m.TenantKey, m.RouteKey, m.OperationKey}, ","); got != want || req.ApplyOnStreamDone {
+		t.Errorf("request path entry: keys %s (want %s), on stream done %v (want false)", got, want, req.ApplyOnStreamDone)
+	}
+	if got, want := strings.Join(keys(end), ","), strings.Join([]string{m.TenantKey, m.RouteKey, m.OperationKey, m.SettleKey}, ","); got != want || !end.ApplyOnStreamDone {
+		t.Errorf("stream end entry: keys %s (want %s), on stream done %v (want true)", got, want, end.ApplyOnStreamDone)
+	}
+	if end.GetHitsAddend().GetFormat() == "" || req.GetHitsAddend().GetNumber().GetValue() != 1 {
+		t.Errorf("hits addends %v and %v, want 1 on the request path and a format at the stream end", req.GetHitsAddend(), end.GetHitsAddend())
+	}
+}

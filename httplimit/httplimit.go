@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -32,6 +33,12 @@ import (
 // Checker asks the agent for a decision; *client.Client is one.
 type Checker interface {
 	Check(ctx context.Context, req client.Request) (client.Result, error)
+}
+
+// Settler settles costs known after the response; *client.Client is one. Config.SettleCosts
+// needs the Checker to be one.
+type Settler interface {
+	Settle(ctx context.Context, id uint64, cost int64) (client.Settled, error)
 }
 
 // PolicySource gives the policy in use; *policy.Watcher is one, Static another.
@@ -86,6 +93,11 @@ type Config struct {
 	Operation func(*http.Request) string
 	// Cost is the request's cost in tokens; 0 (and the default) is the rule's cost.
 	Cost func(*http.Request) int64
+	// SettleCosts makes Cost an estimate, replaced by the actual cost once the handler returns:
+	// the handler reports it with ReportCost (a request that reports none keeps its estimate).
+	// Extra cost beyond the estimate is charged even past the limit (down to the rule's
+	// max_debt), an unused estimate is given back. The Checker must be a Settler.
+	SettleCosts bool
 	// Region is the node's region, as the agent's --region: needed for the Filter's own
 	// emergency buckets on rules with regional scope.
 	Region string
@@ -127,6 +139,9 @@ func New(cfg Config) (*Filter, error) {
 		return nil, errors.New("httplimit: Config.Identity is required")
 	case cfg.Policy.Current() == nil:
 		return nil, errors.New("httplimit: Config.Policy has no policy")
+	}
+	if _, ok := cfg.Checker.(Settler); cfg.SettleCosts && !ok {
+		return nil, errors.New("httplimit: Config.SettleCosts needs a Checker that can Settle (a *client.Client)")
 	}
 	if cfg.Anonymous != "" {
 		if err := policy.ValidTenant(cfg.Anonymous); err != nil {
@@ -217,7 +232,7 @@ func (f *Filter) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		}
 		tenant = f.cfg.Anonymous
 	}
-	req := client.Request{Tenant: tenant, Route: path, Operation: op, Cost: f.cfg.Cost(r), IdempotencyKey: f.idempotencyKey(r)}
+	req := client.Request{Tenant: tenant, Route: path, Operation: op, Cost: f.cfg.Cost(r), IdempotencyKey: f.idempotencyKey(r), Settle: f.cfg.SettleCosts}
 	ctx, cancel := context.WithTimeout(r.Context(), f.cfg.Timeout)
 	start := time.Now()
 	res, err := f.cfg.Checker.Check(ctx, req)
@@ -241,6 +256,10 @@ func (f *Filter) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		}
 		if f.headersAllowed(set, rule, res) {
 			setRateLimit(h, res.Rule, res.Limit, res.Window, res.Remaining, nextToken(res))
+		}
+		if res.SettleID != 0 {
+			f.serveSettled(w, r, next, res.SettleID)
+			return
 		}
 		next.ServeHTTP(w, r)
 	case client.Deny:
@@ -479,4 +498,51 @@ func sfString(s string) string {
 	}
 	b.WriteByte('"')
 	return b.String()
+}
+
+// costReport is where a handler's ReportCost lands: the request's context carries it.
+type costReport struct {
+	cost     atomic.Int64
+	reported atomic.Bool
+}
+
+type costKey struct{}
+
+// ReportCost tells the Filter the actual cost of the request in tokens, once the handler knows
+// it (tokens of a model's answer, bytes, rows), when Config.SettleCosts is on: it replaces the
+// estimate after the handler returns. The last report counts. Outside such a request it does
+// nothing.
+func ReportCost(ctx context.Context, tokens int64) {
+	if c, ok := ctx.Value(costKey{}).(*costReport); ok {
+		c.cost.Store(tokens)
+		c.reported.Store(true)
+	}
+}
+
+// serveSettled runs next with a cost report in the request's context, then settles the check
+// with the reported cost, off the request's path (its response is done).
+func (f *Filter) serveSettled(w http.ResponseWriter, r *http.Request, next http.Handler, id uint64) {
+	c := &costReport{}
+	next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), costKey{}, c)))
+	if !c.reported.Load() {
+		// The estimate stands; the agent drops its hold of the check after its settle window.
+		f.cfg.Metrics.settled("estimate")
+		return
+	}
+	f.settle(id, c.cost.Load())
+}
+
+// settle sends the settle of id in the background: the response is done, its writer gone.
+func (f *Filter) settle(id uint64, cost int64) {
+	s := f.cfg.Checker.(Settler)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), f.cfg.Timeout)
+		defer cancel()
+		if _, err := s.Settle(ctx, id, cost); err != nil {
+			f.cfg.Metrics.settled("error")
+			f.log.Warn("rate limit: settling a request's cost failed", zap.Error(err))
+			return
+		}
+		f.cfg.Metrics.settled("ok")
+	}()
 }

@@ -12,6 +12,7 @@ type Metrics struct {
 	requests    *prometheus.CounterVec
 	unreachable prometheus.Counter
 	duration    prometheus.Histogram
+	settles     *prometheus.CounterVec
 }
 
 // NewMetrics registers the Filter's metrics on reg.
@@ -32,8 +33,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help:    "Time to get the agent's decision (or give up on it).",
 			Buckets: []float64{50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3},
 		}),
+		settles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "leasebucket", Subsystem: "http", Name: "settles_total",
+			Help: "Requests with Config.SettleCosts after their handler, by outcome: ok (the reported cost settled), " +
+				"estimate (no cost reported: the estimate stands), error (the agent could not settle it).",
+		}, []string{"outcome"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.unreachable, m.duration} {
+	for _, c := range []prometheus.Collector{m.requests, m.unreachable, m.duration, m.settles} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -56,5 +62,11 @@ func (m *Metrics) checked(d time.Duration) {
 func (m *Metrics) agentUnreachable() {
 	if m != nil {
 		m.unreachable.Inc()
+	}
+}
+
+func (m *Metrics) settled(outcome string) {
+	if m != nil {
+		m.settles.WithLabelValues(outcome).Inc()
 	}
 }

@@ -20,7 +20,7 @@ func digest(s *Set) string {
 	for _, o := range sortedKeys(s.named) {
 		fmt.Fprintf(&b, "operation %q %q\n", o, s.named[o])
 	}
-	fmt.Fprintf(&b, "envoy %q %q %q %q\n", s.envoy.Domain, s.envoy.TenantKey, s.envoy.RouteKey, s.envoy.OperationKey)
+	fmt.Fprintf(&b, "envoy %q %q %q %q %q\n", s.envoy.Domain, s.envoy.TenantKey, s.envoy.RouteKey, s.envoy.OperationKey, s.envoy.SettleKey)
 	if s.envoy.PerDescriptor {
 		b.WriteString("envoy charge per_descriptor\n")
 	}
@@ -48,6 +48,10 @@ func digest(s *Set) string {
 			fmt.Fprintf(&b, " emergency %s", q(*r.Emergency))
 		}
 		fmt.Fprintf(&b, "\n shadow %t headers %t direct %t\n", r.Shadow, r.Headers, r.Direct)
+		if r.MaxDebt > 0 {
+			// Only when set: a policy without max_debt keeps the digest it had before the field.
+			fmt.Fprintf(&b, " max_debt %d\n", r.MaxDebt)
+		}
 		fmt.Fprintf(&b, " cost %d\n", r.cost)
 		for _, op := range sortedKeys(r.costs) {
 			fmt.Fprintf(&b, " cost %q %d\n", op, r.costs[op])

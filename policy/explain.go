@@ -3,6 +3,8 @@ package policy
 import (
 	"fmt"
 	"strings"
+
+	"github.com/leasebucket/leasebucket/internal/bucket"
 )
 
 // Explanation says how a request resolves: which rule and why, which broader rules it replaces,
@@ -143,8 +145,15 @@ func (s *Set) Explain(tenant, path, operation, region string) (Explanation, erro
 	return e, nil
 }
 
-// limitLine describes an effective limit in one line.
+// limitLine describes an effective limit in one line, with its max debt if it has one.
 func limitLine(l *Limits) string {
+	if l.MaxDebt > 0 {
+		return baseLimitLine(l) + ", max debt " + microTokens(l.MaxDebt)
+	}
+	return baseLimitLine(l)
+}
+
+func baseLimitLine(l *Limits) string {
 	if c := l.Calendar; c != nil {
 		return fmt.Sprintf("%d per calendar %s in %s", l.Requests, c.Unit, c.Loc)
 	}
@@ -214,6 +223,9 @@ func (e Explanation) String() string {
 			line("bucket", "%s", l.Bucket)
 		}
 	}
+	if l := e.Limits; l != nil && l.MaxDebt > 0 {
+		line("max debt", "%s token(s): costs settled after the response may take the bucket that far below zero (checks wait until it is repaid); beyond it they are forgiven", microTokens(l.MaxDebt))
+	}
 	line("cost", "%d token(s) per request", e.Cost)
 	switch r.OnFailure {
 	case Deny:
@@ -245,6 +257,14 @@ func (e Explanation) String() string {
 		line("charged", "all %d buckets or none: one that refuses refuses the request, and nothing is spent", len(e.Also)+1)
 	}
 	return b.String()
+}
+
+// microTokens writes µ as tokens, with a fraction only when there is one.
+func microTokens(µ bucket.Micro) string {
+	if µ%bucket.PerToken == 0 {
+		return fmt.Sprintf("%d", µ/bucket.PerToken)
+	}
+	return fmt.Sprintf("%.6f", float64(µ)/float64(bucket.PerToken))
 }
 
 func yesNo(b bool, yes, no string) string {

@@ -134,7 +134,7 @@ func TestInvalid(t *testing.T) {
     limit: 10/minute
     brust: 5
 `, []string{
-			`test.yaml:9: rules[0].brust: unknown field (did you mean "burst"?); known fields: name, description, routes, operations, limit, burst, quota, timezone, limits, cost, scope, regions, on_failure, retry_after_on_failure, emergency, shadow, headers, lease, overrides`,
+			`test.yaml:9: rules[0].brust: unknown field (did you mean "burst"?); known fields: name, description, routes, operations, limit, burst, quota, timezone, limits, cost, scope, regions, on_failure, retry_after_on_failure, emergency, shadow, headers, lease, max_debt, overrides`,
 		}},
 		{"unknown top-level field and missing sections", `rulez: []
 `, []string{
@@ -374,6 +374,59 @@ func TestInvalid(t *testing.T) {
 			`test.yaml:22: rules[2].cost: cost 3 of operation read exceeds the emergency burst 2: the emergency bucket could never allow it`,
 			`test.yaml:24: rules[2].overrides[x]: the rule's emergency 1/1m burst 2 must be strictly smaller than tenant "x"'s override (10/1m burst 2) in both rate and burst`,
 		}},
+		{"max_debt", header + `  - name: r
+    routes: [/a]
+    operations: [read]
+    limit: 10/minute
+    burst: 5
+    max_debt: -1
+  - name: s
+    routes: [/b]
+    operations: [read]
+    limit: 10/minute
+    max_debt: 2.5
+  - name: t
+    routes: [/c]
+    operations: [read]
+    limit: 10/minute
+    burst: 5
+    max_debt: 6
+    overrides:
+      x: {limit: 10/minute, burst: 5}
+  - name: u
+    routes: [/d]
+    operations: [read]
+    limits:
+      - {limit: 10/second, burst: 20}
+      - {quota: 8/day}
+    max_debt: 10
+  - name: v
+    scope: tenant
+    quota: 3/month
+    max_debt: 4
+  - name: w
+    routes: [/e]
+    operations: [read]
+    limit: 10/minute
+    burst: 5
+    max_debt: 4
+    overrides:
+      y: {limit: 10/minute, burst: 3}
+  - name: z
+    routes: [/f]
+    operations: [read]
+    limit: 10/minute
+    max_debt: "5"
+`, []string{
+			`test.yaml:9: rules[0].max_debt: -1 must not be negative (tokens below zero a settled cost may take the bucket)`,
+			`test.yaml:14: rules[1].max_debt: must be a whole number, not a decimal number`,
+			`test.yaml:20: rules[2].max_debt: 6 exceeds burst 5 of the rule's limit: a debt larger than the capacity is refused`,
+			`test.yaml:20: rules[2].max_debt: 6 exceeds burst 5 of tenant "x"'s override: a debt larger than the capacity is refused`,
+			`test.yaml:29: rules[3].max_debt: 10 exceeds burst 8 of the rule's limit 2: a debt larger than the capacity is refused`,
+			`test.yaml:33: rules[4].max_debt: 4 exceeds burst 3 of the rule's limit: a debt larger than the capacity is refused`,
+			`test.yaml:39: rules[5].max_debt: 4 exceeds burst 3 of tenant "y"'s override: a debt larger than the capacity is refused`,
+			`test.yaml:46: rules[6].max_debt: must be a whole number, not "5"`,
+		}},
 		{"templates", header + `  - name: r
     routes:
       - /orders/{id}.json
@@ -477,7 +530,7 @@ default: {limit: 10/minute, name: d}
 			`test.yaml:8: operations[Export]: named operation "Export" must match ^[a-z][a-z0-9_.-]{0,63}$`,
 			`test.yaml:11: envoy: tenant_key, route_key and operation_key must be different descriptor keys (got "x", "x", "method")`,
 			`test.yaml:14: envoy.colour: unknown field; known fields: domain, tenant_key, route_key, operation_key, charge`,
-			`test.yaml:15: default.name: unknown field; known fields: description, limit, burst, quota, timezone, limits, cost, scope, regions, on_failure, retry_after_on_failure, emergency, shadow, headers, lease, overrides`,
+			`test.yaml:15: default.name: unknown field; known fields: description, limit, burst, quota, timezone, limits, cost, scope, regions, on_failure, retry_after_on_failure, emergency, shadow, headers, lease, max_debt, overrides`,
 		}},
 		{"types", header + `  - name: [r]
     routes: /a

@@ -123,6 +123,9 @@ type Limits struct {
 	Override    bool   // a tenant override applies
 	// Emergency is the local emergency bucket's quota when the rule's OnFailure is Emergency.
 	Emergency *Quota
+	// MaxDebt is how far below zero costs settled after the fact may take the bucket (the rule's
+	// max_debt, at most the bucket's capacity), in µ; 0 for none.
+	MaxDebt bucket.Micro
 }
 
 // Rule is one rule of a Set, or its default rule. Read only: a Rule is shared by every reader of
@@ -149,6 +152,10 @@ type Rule struct {
 	// Direct is lease: off: every check is one atomic take of its cost in the global bucket, no
 	// lease is kept (admission bound C + r·w, exact per request).
 	Direct bool
+	// MaxDebt (max_debt, tokens) is how far below zero costs settled after the response may take
+	// each of the rule's buckets: admissions then wait until the debt is repaid. 0: settled costs
+	// are charged only while tokens are there, the rest is forgiven.
+	MaxDebt int64
 
 	// Extra are the rule's limits after the first (a rule with `limits:`), each a rule of its own
 	// named "name#2", "name#3", ... with the same templates, operations, costs and switches: a
@@ -277,6 +284,10 @@ type Envoy struct {
 	TenantKey    string // default "tenant"
 	RouteKey     string // default "path" (the request path, normalized like any path)
 	OperationKey string // default "method" (an HTTP method, class or named operation)
+	// SettleKey (default "settle") marks a descriptor sent after the response (Envoy's
+	// apply_on_stream_done): its hits_addend is a cost charged after the fact, never refused,
+	// spent from leases and the rest debited as debt (max_debt).
+	SettleKey string
 	// PerDescriptor (charge: per_descriptor) charges each descriptor of a request on its own, as
 	// Envoy's reference service does: a refused descriptor leaves the others' charges spent. The
 	// default (all_or_nothing) charges every descriptor of a request or none.

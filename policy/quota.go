@@ -256,15 +256,22 @@ func rateCmp(a, b Quota) int {
 	return l.Cmp(r)
 }
 
-func makeLimits(q Quota, scope Scope, regions []RegionQuota, em *Quota, override bool) tenantLimits {
+// makeLimits resolves the limits of a rule or an override: one bucket, or one per region slice,
+// each with the rule's max_debt (tokens) in µ, capped at that bucket's capacity (a runtime
+// override may shrink the capacity below the rule's max_debt).
+func makeLimits(q Quota, scope Scope, regions []RegionQuota, em *Quota, override bool, maxDebt int64) tenantLimits {
+	debt := func(q Quota) bucket.Micro {
+		// maxDebt <= the rule's burst, whose µ fit below 2^52 (bucket.NewLimit).
+		return min(bucket.Micro(maxDebt)*bucket.PerToken, q.Bucket.Capacity())
+	}
 	if scope != Regional {
 		return tenantLimits{global: &Limits{Quota: q, Fingerprint: fingerprint(q, scope, ""), Scope: scope,
-			Override: override, Emergency: em}}
+			Override: override, Emergency: em, MaxDebt: debt(q)}}
 	}
 	tl := tenantLimits{regions: map[string]*Limits{}}
 	for _, rq := range regions {
 		tl.regions[rq.Region] = &Limits{Quota: rq.Quota, Fingerprint: fingerprint(rq.Quota, Regional, rq.Region),
-			Scope: Regional, Region: rq.Region, Override: override, Emergency: em}
+			Scope: Regional, Region: rq.Region, Override: override, Emergency: em, MaxDebt: debt(rq.Quota)}
 	}
 	return tl
 }

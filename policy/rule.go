@@ -11,10 +11,10 @@ import (
 )
 
 var ruleFields = []string{"name", "description", "routes", "operations", "limit", "burst", "quota", "timezone", "limits", "cost", "scope",
-	"regions", "on_failure", "retry_after_on_failure", "emergency", "shadow", "headers", "lease", "overrides"}
+	"regions", "on_failure", "retry_after_on_failure", "emergency", "shadow", "headers", "lease", "max_debt", "overrides"}
 
 var defaultRuleFields = []string{"description", "limit", "burst", "quota", "timezone", "limits", "cost", "scope",
-	"regions", "on_failure", "retry_after_on_failure", "emergency", "shadow", "headers", "lease", "overrides"}
+	"regions", "on_failure", "retry_after_on_failure", "emergency", "shadow", "headers", "lease", "max_debt", "overrides"}
 
 // rule reads the rule at path (the default section when isDefault) and adds it to s. It returns
 // nil when the rule has problems; every problem is reported.
@@ -42,6 +42,7 @@ func (p *parser) rule(s *Set, n *yaml.Node, path string, isDefault bool) *ruleSr
 	p.ruleQuota(f, r, path)
 	p.ruleFailure(f, r, path)
 	p.ruleSwitches(f, r, path)
+	p.ruleDebt(f, r, path)
 	entries, costLine := p.ruleCosts(s, f, r, path)
 	var ovs []*override
 	if v := f.get("overrides"); v != nil {
@@ -296,6 +297,24 @@ func (p *parser) ruleSwitches(f fieldSet, r *Rule, path string) {
 	}
 }
 
+// ruleDebt reads max_debt: how many tokens below zero costs settled after the response may take
+// each of the rule's buckets (checkRule holds it within every burst).
+func (p *parser) ruleDebt(f fieldSet, r *Rule, path string) {
+	v := f.get("max_debt")
+	if v == nil {
+		return
+	}
+	fp := join(path, "max_debt")
+	d, ok := p.integer(v, fp)
+	switch {
+	case !ok:
+	case d < 0:
+		p.errf(v.Line, fp, "%d must not be negative (tokens below zero a settled cost may take the bucket)", d)
+	default:
+		r.MaxDebt = d
+	}
+}
+
 // ruleCosts reads the rule's costs. It returns the operation entries a cost may name (the default
 // rule's are the classes and AnyOperation) and the line errors about costs point at.
 func (p *parser) ruleCosts(s *Set, f fieldSet, r *Rule, path string) (entries []string, costLine int) {
@@ -312,8 +331,8 @@ func (p *parser) ruleCosts(s *Set, f fieldSet, r *Rule, path string) (entries []
 	return entries, costLine
 }
 
-// checkRule checks the rule's fields against each other: costs within every burst, emergency
-// below every main quota it backs up.
+// checkRule checks the rule's fields against each other: costs and max_debt within every burst
+// (a calendar quota's is its quota), emergency below every main quota it backs up.
 func (p *parser) checkRule(f fieldSet, r *Rule, path string, ovs []*override, entries []string, costLine int) {
 	base := quotaChecks("the rule's limit", r.Quota, r.Regions)
 	all := append([]quotaCheck(nil), base...)
@@ -334,6 +353,12 @@ func (p *parser) checkRule(f fieldSet, r *Rule, path string, ovs []*override, en
 		if maxCost > c.q.Burst {
 			p.errf(costLine, join(path, "cost"), "%s exceeds burst %d of %s: such a request could never be allowed",
 				costWhat, c.q.Burst, c.what)
+		}
+	}
+	for _, c := range all {
+		if r.MaxDebt > c.q.Burst {
+			p.errf(f.at("max_debt"), join(path, "max_debt"), "%d exceeds burst %d of %s: a debt larger than the capacity is refused",
+				r.MaxDebt, c.q.Burst, c.what)
 		}
 	}
 	ovPath := func(o *override) string { return index(join(path, "overrides"), o.tenant) }
@@ -374,22 +399,22 @@ func addRule(s *Set, r *Rule, ovs []*override) {
 	if r.OnFailure == Emergency {
 		em = r.Emergency
 	}
-	r.base = makeLimits(r.Quota, r.Scope, r.Regions, em, false)
+	r.base = makeLimits(r.Quota, r.Scope, r.Regions, em, false, r.MaxDebt)
 	r.overrides = map[string]*override{}
 	for _, o := range ovs {
 		oe := em
 		if o.emergency != nil {
 			oe = o.emergency
 		}
-		o.limits = makeLimits(o.quota, r.Scope, o.regions, oe, true)
+		o.limits = makeLimits(o.quota, r.Scope, o.regions, oe, true, r.MaxDebt)
 		r.overrides[o.tenant] = o
 	}
 	for i, q := range r.extra {
 		x := &Rule{Name: fmt.Sprintf("%s#%d", r.Name, i+2), Description: r.Description, Line: r.Line, Default: r.Default,
 			Templates: r.Templates, Operations: r.Operations, Quota: q, Scope: r.Scope, OnFailure: r.OnFailure,
 			FailureRetryAfter: r.FailureRetryAfter, Shadow: r.Shadow, Headers: r.Headers, Direct: r.Direct,
-			Of: r, Nth: i + 2, cost: r.cost, costs: r.costs, overrides: map[string]*override{}}
-		x.base = makeLimits(q, r.Scope, nil, nil, false)
+			MaxDebt: r.MaxDebt, Of: r, Nth: i + 2, cost: r.cost, costs: r.costs, overrides: map[string]*override{}}
+		x.base = makeLimits(q, r.Scope, nil, nil, false, r.MaxDebt)
 		r.Extra = append(r.Extra, x)
 		s.byName[x.Name] = x
 	}

@@ -480,5 +480,5 @@ func (r *Rule) runtimeOverride(tenant string, ps overrideSpec) (*override, error
 		return nil, specError(p.errs)
 	}
 	return &override{tenant: tenant, quota: ps.quota, regions: ps.regions, emergency: ps.emergency,
-		limits: makeLimits(ps.quota, r.Scope, ps.regions, em, true)}, nil
+		limits: makeLimits(ps.quota, r.Scope, ps.regions, em, true, r.MaxDebt)}, nil
 }

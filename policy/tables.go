@@ -109,11 +109,11 @@ func sortedKeys[V any](m map[string]V) []string {
 }
 
 func (p *parser) envoy(n *yaml.Node) Envoy {
-	e := Envoy{Domain: "leasebucket", TenantKey: "tenant", RouteKey: "path", OperationKey: "method"}
+	e := Envoy{Domain: "leasebucket", TenantKey: "tenant", RouteKey: "path", OperationKey: "method", SettleKey: "settle"}
 	if n == nil {
 		return e
 	}
-	f, ok := p.fields(n, "envoy", "domain", "tenant_key", "route_key", "operation_key", "charge")
+	f, ok := p.fields(n, "envoy", "domain", "tenant_key", "route_key", "operation_key", "settle_key", "charge")
 	if !ok {
 		return e
 	}
@@ -133,14 +133,16 @@ func (p *parser) envoy(n *yaml.Node) Envoy {
 	read("tenant_key", reDescriptr, &e.TenantKey)
 	read("route_key", reDescriptr, &e.RouteKey)
 	read("operation_key", reDescriptr, &e.OperationKey)
+	read("settle_key", reDescriptr, &e.SettleKey)
 	if v := f.get("charge"); v != nil {
 		if i, ok := p.oneOf(v, "envoy.charge", "all_or_nothing", "per_descriptor"); ok {
 			e.PerDescriptor = i == 1
 		}
 	}
-	if e.TenantKey == e.RouteKey || e.TenantKey == e.OperationKey || e.RouteKey == e.OperationKey {
-		p.errf(n.Line, "envoy", "tenant_key, route_key and operation_key must be different descriptor keys (got %q, %q, %q)",
-			e.TenantKey, e.RouteKey, e.OperationKey)
+	if e.TenantKey == e.RouteKey || e.TenantKey == e.OperationKey || e.RouteKey == e.OperationKey ||
+		e.SettleKey == e.TenantKey || e.SettleKey == e.RouteKey || e.SettleKey == e.OperationKey {
+		p.errf(n.Line, "envoy", "tenant_key, route_key, operation_key and settle_key must be different descriptor keys (got %q, %q, %q, %q)",
+			e.TenantKey, e.RouteKey, e.OperationKey, e.SettleKey)
 	}
 	return e
 }

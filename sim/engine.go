@@ -94,6 +94,8 @@ type request struct {
 	keys  []int32 // by region: the bucket key the agent's lease is of (-1: no slice there)
 	cost  int64   // tokens
 	micro int64   // µ
+	// settle: the check is an estimate, its actual cost settled after the response.
+	settle *SettledCost
 }
 
 type evKind uint8
@@ -107,6 +109,7 @@ const (
 	evDeliver
 	evCrash
 	evRestart
+	evSettle
 )
 
 // event is one entry of the queue. own events change the state of node's agent: they end the
@@ -119,6 +122,7 @@ type event struct {
 	node *node
 	inc  *incarnation
 	call *call
+	job  *settleJob
 }
 
 // before orders events by time; at the same time arrival batches come last (an answer applied at
@@ -225,6 +229,8 @@ func (w *world) run() {
 			w.crash(e.node, e.inc)
 		case evRestart:
 			w.restart(e.node)
+		case evSettle:
+			w.settle(e.job)
 		}
 		if !w.warm && w.now >= int64(w.sc.Warmup) {
 			w.warm = true
@@ -315,6 +321,8 @@ func (w *world) finish() *Result {
 			AdmitExcess: k.admitted.max, AdmitBound: k.admitBound,
 			BudgetExcess: k.budget.max, BudgetBound: k.budgetBound,
 			PeakBurstShare: k.admitted.max / c,
+			Settled:        k.settled, MaxDebt: k.maxDebt, Debited: k.debited, Charged: k.chargedTotal, ChargedExcess: k.charged.max, DebtBound: k.debtBound,
+			Lowest: k.lowest,
 		})
 		if k.ops > r.Backend.HotKeyOps {
 			r.Backend.HotKey, r.Backend.HotKeyOps = k.name, k.ops
@@ -342,6 +350,7 @@ func (w *world) finish() *Result {
 			st.HotKey, st.HotKeyOps = k.name, ops
 		}
 	}
+	w.finishSettled()
 	r.Latency.finish()
 	for _, g := range w.groups {
 		if g.Counts.Requests > 0 {

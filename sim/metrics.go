@@ -46,6 +46,13 @@ type Second struct {
 	Counts
 	CoordinatorCalls int64 // Acquire and Return calls that reached a coordinator
 	StoreOps         int64 // Take and Return items that reached a store
+	// Costs settled after the response (settle.go), µ: actual costs settled, debt the stores
+	// debited and forgave, and the deepest level a store answered as a share of its key's
+	// max_debt (1: at -max_debt).
+	SettledActual int64
+	DebtCharged   int64
+	DebtForgiven  int64
+	DebtDepth     float64
 }
 
 // Loss accounts for every µ the buckets granted (docs/simulator.md, "Where the tokens went").
@@ -128,13 +135,23 @@ type KeyBound struct {
 	AdmitExcess    float64 // µ: the largest admitted amount in a window minus r·w
 	AdmitBound     float64 // µ: C + r·(τ + 1 ms)
 	BudgetExcess   float64 // µ: the largest net grant in a window minus r·w
-	BudgetBound    float64 // µ: C + r·1 ms
+	BudgetBound    float64 // µ: C + r·1 ms + max_debt
 	PeakBurstShare float64 // AdmitExcess / C: 1 is what an exact bucket can reach
+	// Costs settled after the response: the rule's max_debt, µ debited as debt, the largest
+	// charge (spent + debited) in a window minus r·w against C + r·(τ + 1 ms) + max_debt, and the
+	// lowest level the store answered (µ, ≤ 0).
+	Settled       bool // settled traffic uses the key
+	MaxDebt       int64
+	Debited       int64
+	Charged       int64 // µ spent from leases (net of estimates given back) plus debited
+	ChargedExcess float64
+	DebtBound     float64
+	Lowest        int64
 }
 
 // Violation is a bound that broke: the run fails.
 type Violation struct {
-	Kind   string // admission, budget, loss, conservation, policy
+	Kind   string // admission, budget, debt, loss, conservation, policy
 	Key    string
 	At     time.Duration
 	Detail string
@@ -245,6 +262,8 @@ type Result struct {
 	ViolationCount int64
 	// Checks is the number of Limiter.Check calls (re-checks of waiting requests included).
 	Checks int64
+	// Settled is what costs settled after the response did (zero without such traffic).
+	Settled Settled
 }
 
 // Group is the decisions on one rule's keys of the checks that arrived in one region, and how

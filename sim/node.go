@@ -19,6 +19,7 @@ type node struct {
 	streams []*stream
 	rng     *rand.Rand // arrivals
 	crashes *rand.Rand // crash times: a crash-rate sweep keeps the traffic identical
+	settles *rand.Rand // actual costs and response times of settled checks
 	inc     *incarnation
 	born    int     // agent processes started on this node
 	own     []int64 // times of the pending events that change this node's agent
@@ -265,11 +266,9 @@ func (w *world) decided(inc *incarnation, rq *request, v agent.Verdict, t, arriv
 		inc.spent += rq.micro
 		k.spent += rq.micro
 		k.leased -= rq.micro
-		if e := k.admitted.add(t, float64(rq.micro), k.rate); e > k.admitBound+tolerance {
-			w.violate("admission", k.name, t,
-				"agents spent %s tokens in [%s, %s]: more than C + r·(w + τ) allows by %s tokens (C = %s, τ = %s)",
-				tokens(int64(e+k.rate*float64(t-k.admitted.start))), time.Duration(k.admitted.start), time.Duration(t),
-				tokens(int64(e-k.admitBound)), tokens(int64(k.limit.Capacity())), k.ttl)
+		w.spend(k, t, float64(rq.micro))
+		if rq.settle != nil {
+			w.settleLater(inc, rq, k, v, t)
 		}
 	case v.Outcome == agent.Deny && v.Degraded:
 		for _, c := range cs {

@@ -34,8 +34,9 @@ type key struct {
 	limit bucket.Limit
 	ttl   time.Duration
 	// Bounds of DESIGN §5 as excesses over what the bucket refills in the window (window excess,
-	// see drawup): admission ≤ C + r·(τ + 1 ms), budget ≤ C + r·1 ms. The 1 ms is the key
-	// clock's resolution (the store clock is in ms, the agents' in ns).
+	// see drawup): admission ≤ C + r·(τ + 1 ms), budget ≤ C + r·1 ms + max_debt (grants and
+	// debts less credits). The 1 ms is the key clock's resolution (the store clock is in ms, the
+	// agents' in ns).
 	admitBound  float64
 	budgetBound float64
 	rate        float64 // µ per ns
@@ -56,15 +57,26 @@ type key struct {
 	granted  int64 // µ
 	returned int64 // µ sent back
 	spent    int64 // µ
+	// Costs settled after the response (settle.go): charged is what leases spent (net of
+	// estimates given back) plus what the store debited as debt, whose window excess is at most
+	// debtBound = admitBound + max_debt; lowest is the lowest level the store answered (µ).
+	settled      bool // checks of settled traffic use the key
+	maxDebt      int64
+	debtBound    float64
+	charged      drawup
+	chargedTotal int64
+	debited      int64
+	lowest       int64
 }
 
-func newKey(name string, store int, l bucket.Limit) *key {
-	k := &key{name: name, store: store, limit: l, ttl: lease.TTL(l), level: bucket.Full(l, 0)}
+func newKey(name string, store int, l bucket.Limit, maxDebt bucket.Micro) *key {
+	k := &key{name: name, store: store, limit: l, ttl: lease.TTL(l), level: bucket.Full(l, 0), maxDebt: int64(maxDebt)}
 	num, den := l.Rate()
 	k.rate = float64(num) / float64(den) / 1e6
 	c := float64(l.Capacity())
 	k.admitBound = c + k.rate*float64(k.ttl+time.Millisecond)
-	k.budgetBound = c + k.rate*float64(time.Millisecond)
+	k.budgetBound = c + k.rate*float64(time.Millisecond) + float64(maxDebt)
+	k.debtBound = k.admitBound + float64(maxDebt)
 	return k
 }
 

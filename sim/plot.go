@@ -7,6 +7,8 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
+
+	"github.com/leasebucket/leasebucket/internal/bucket"
 )
 
 // series is one line of a plot.
@@ -89,4 +91,50 @@ func plotSweep(path, title, yLabel string, s *SweepResult, metrics []sweepMetric
 		lines = append(lines, l)
 	}
 	return savePlot(path, title, s.Parameter, yLabel, lines, true)
+}
+
+// plotSettled draws a run's costs settled after the response per second: the estimates admitted,
+// the actual costs settled, the debt the stores debited and forgave, and the refill of the keys
+// settled traffic uses (what they may admit in steady state).
+func plotSettled(path string, r *Result) error {
+	var refill float64
+	for _, k := range r.Keys {
+		if k.Settled {
+			refill += k.RatePerSecond
+		}
+	}
+	step := max(1, (len(r.Timeline)+maxPoints-1)/maxPoints)
+	lines := []series{{name: "estimates admitted"}, {name: "actual costs settled"}, {name: "debt debited"},
+		{name: "debt forgiven"}, {name: "refill of their keys"}}
+	per := float64(bucket.PerToken)
+	for i := 0; i < len(r.Timeline); i += step {
+		var admitted, actual, debited, forgiven float64
+		n := 0
+		for _, s := range r.Timeline[i:min(i+step, len(r.Timeline))] {
+			admitted += float64(s.AllowedTokens)
+			actual += float64(s.SettledActual) / per
+			debited += float64(s.DebtCharged) / per
+			forgiven += float64(s.DebtForgiven) / per
+			n++
+		}
+		x, f := float64(i)+float64(n)/2, float64(n)
+		for j, v := range []float64{admitted / f, actual / f, debited / f, forgiven / f, refill / per} {
+			if j == 4 && v == 0 {
+				continue
+			}
+			lines[j].pts = append(lines[j].pts, plotter.XY{X: x, Y: v})
+		}
+	}
+	return savePlot(path, r.Scenario+": costs settled after the response", "time (s)", "tokens per second", lines, false)
+}
+
+// plotDebtDepth draws the deepest level the stores answered each second as a share of the key's
+// max_debt: the bound is 1.
+func plotDebtDepth(path string, r *Result) error {
+	lines := []series{{name: "deepest debt (share of max_debt)"}, {name: "bound"}}
+	for i, s := range r.Timeline {
+		lines[0].pts = append(lines[0].pts, plotter.XY{X: float64(i) + 0.5, Y: s.DebtDepth})
+		lines[1].pts = append(lines[1].pts, plotter.XY{X: float64(i) + 0.5, Y: 1})
+	}
+	return savePlot(path, r.Scenario+": how deep the buckets went into debt", "time (s)", "level below zero / max_debt", lines, false)
 }

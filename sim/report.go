@@ -83,6 +83,14 @@ func writeFiles(dir string, o *Outcome) error {
 		if err := plotTimeline(filepath.Join(dir, "timeline.svg"), r); err != nil {
 			return err
 		}
+		if r.Settled.Checks > 0 {
+			if err := plotSettled(filepath.Join(dir, "settled.svg"), r); err != nil {
+				return err
+			}
+			if err := plotDebtDepth(filepath.Join(dir, "debt-depth.svg"), r); err != nil {
+				return err
+			}
+		}
 	}
 	if s := o.Sweep; s != nil {
 		if err := writeCSV(filepath.Join(dir, "sweep.csv"), sweepCSV(s)); err != nil {
@@ -125,9 +133,11 @@ func countsRow(c *Counts) []string {
 }
 
 func timelineCSV(r *Result) [][]string {
-	rows := [][]string{append(append([]string{"second"}, countsHeader...), "coordinator_calls", "store_ops")}
+	rows := [][]string{append(append([]string{"second"}, countsHeader...), "coordinator_calls", "store_ops",
+		"settled_actual_tokens", "debt_charged_tokens", "debt_forgiven_tokens", "debt_depth")}
 	for i, s := range r.Timeline {
-		rows = append(rows, append(append([]string{strconv.Itoa(i)}, countsRow(&s.Counts)...), i64(s.CoordinatorCalls), i64(s.StoreOps)))
+		rows = append(rows, append(append([]string{strconv.Itoa(i)}, countsRow(&s.Counts)...), i64(s.CoordinatorCalls), i64(s.StoreOps),
+			tok(s.SettledActual), tok(s.DebtCharged), tok(s.DebtForgiven), f64(s.DebtDepth)))
 	}
 	return rows
 }
@@ -143,12 +153,14 @@ func identitiesCSV(r *Result) [][]string {
 func keysCSV(r *Result) [][]string {
 	rows := [][]string{{"key", "capacity_tokens", "rate_per_second", "ttl_ms", "granted_tokens", "spent_tokens",
 		"returned_tokens", "grants", "store_ops", "admit_excess_tokens", "admit_bound_tokens", "budget_excess_tokens",
-		"budget_bound_tokens", "peak_burst_share"}}
+		"budget_bound_tokens", "peak_burst_share", "max_debt_tokens", "debited_tokens", "charged_excess_tokens",
+		"debt_bound_tokens", "lowest_level_tokens", "charged_tokens"}}
 	for _, k := range r.Keys {
 		rows = append(rows, []string{k.Key, tok(k.CapacityMicro), f64(k.RatePerSecond / float64(bucket.PerToken)),
 			i64(k.TTL.Milliseconds()), tok(k.Granted), tok(k.Spent), tok(k.Returned), i64(k.Grants), i64(k.Ops),
 			tok(int64(k.AdmitExcess)), tok(int64(k.AdmitBound)), tok(int64(k.BudgetExcess)), tok(int64(k.BudgetBound)),
-			f64(k.PeakBurstShare)})
+			f64(k.PeakBurstShare), tok(k.MaxDebt), tok(k.Debited), tok(int64(k.ChargedExcess)), tok(int64(k.DebtBound)),
+			tok(k.Lowest), tok(k.Charged)})
 	}
 	return rows
 }
@@ -319,10 +331,18 @@ func answer(r *Result) string {
 		s = append(s, fmt.Sprintf("%s requests got 503 and %s were admitted degraded.", i64(r.Totals.Unavailable), i64(r.Totals.Degraded)))
 	}
 	s = append(s, fmt.Sprintf("The busiest window used %.3f of a key's burst C (the admission bound allows up to 1 + r·τ/C).", r.PeakBurstShare()))
+	if st := &r.Settled; st.Checks > 0 {
+		s = append(s, fmt.Sprintf("Costs settled after the response (the figures above compare estimates; the debt of the actual "+
+			"costs is repaid from the same buckets): admitted requests were charged %s of their buckets' budget "+
+			"(the settled checks' actual costs came to %s of it; %s tokens of debt forgiven); the worst window reached %.3f of the debt bound "+
+			"C + r·(w + τ) + max_debt, and the lowest level %s tokens against -max_debt = -%s.",
+			pct(st.Utilisation()), pct(ratio(st.Actual, st.Budget)), tokens2(st.DebtForgiven), st.WorstRatio(),
+			tokens2(st.Deepest), tokens2(st.DeepestMax)))
+	}
 	if r.Failed() {
 		s = append(s, fmt.Sprintf("**%d bound violations: this run FAILED** (see Bounds).", r.ViolationCount))
 	} else {
-		s = append(s, "Every bound held (admission, budget, loss, conservation).")
+		s = append(s, "Every bound held (admission, budget, debt, loss, conservation).")
 	}
 	return strings.Join(s, " ")
 }
@@ -482,9 +502,14 @@ func resultMarkdown(b *strings.Builder, sc *Scenario, r *Result) {
 			tokens2(worst.Stranded), worst.ID, dfmt(worst.At), tokens2(l.Outstanding), heldWord(l.Stranded <= l.Outstanding), sc.Name)
 	}
 
+	if r.Settled.Checks > 0 {
+		settledMarkdown(b, sc, r)
+	}
+
 	b.WriteString("### Bounds\n\n")
 	fmt.Fprintf(b, "Checked after every admission and every grant, on all %d keys, over every window: "+
-		"admission (spent ≤ C + r·(w + τ)), budget (granted − credited ≤ C + r·w), loss (stranded ≤ outstanding), "+
+		"admission (spent ≤ C + r·(w + τ)), budget (granted + debited − credited ≤ C + r·w + max_debt), "+
+		"debt (spent + debited ≤ C + r·(w + τ) + max_debt, level ≥ -max_debt), loss (stranded ≤ outstanding), "+
 		"conservation (every token an agent applied was spent, returned or held).\n\n", len(r.Keys))
 	keys := slices.Clone(r.Keys)
 	slices.SortStableFunc(keys, func(a, c KeyBound) int {
@@ -636,4 +661,38 @@ func si(v float64) string {
 		return strconv.FormatFloat(v/1e3, 'g', 4, 64) + "K"
 	}
 	return strconv.FormatFloat(v, 'g', 4, 64)
+}
+
+// settledMarkdown reports what costs settled after the response did: where the actual costs went
+// (credited, spent from leases, debited, forgiven), the budget they used, and the debt bound.
+func settledMarkdown(b *strings.Builder, sc *Scenario, r *Result) {
+	st := &r.Settled
+	b.WriteString("### Costs settled after the response\n\n")
+	fmt.Fprintf(b, "%s allowed checks carried an estimate to settle; %s were settled (%s lost with a crashed agent, "+
+		"%s not due before the end, %s allowed without a settle id).\n\n",
+		i64(st.Checks), i64(st.Settles), i64(st.LostInCrash), i64(st.Pending), i64(st.Unheld))
+	b.WriteString("| | tokens | share of actual |\n|---|--:|--:|\n")
+	row := func(name string, v int64) {
+		fmt.Fprintf(b, "| %s | %s | %s |\n", name, tokens2(v), pct(ratio(v, st.Actual)))
+	}
+	row("actual costs of the settled checks", st.Actual)
+	row("their estimates", st.Estimates)
+	row("estimates given back (into the lease, or handed back)", st.Credited)
+	row("estimates that stayed spent (no lease held them)", st.Uncredited)
+	row("beyond the estimates: spent from leases", st.SpentExtra)
+	row("beyond the estimates: sent as debt", st.Debt)
+	row("… debited by the stores", st.DebtCharged)
+	row("… forgiven (the bucket was at -max_debt)", st.DebtForgiven)
+	row("… lost (never sent, or its call failed)", st.DebtLost)
+	b.WriteString("\n")
+	fmt.Fprintf(b, "**Utilisation.** The keys' buckets could admit %s tokens over the run (C + r·T each); admitted "+
+		"requests were charged %s (%s: spent from leases, net of estimates given back, plus debt debited), and the settled "+
+		"checks' actual costs came to %s (%s of the budget; what exceeds the charge was forgiven or lost).\n\n",
+		tokens2(st.Budget), tokens2(st.Charged), pct(st.Utilisation()), tokens2(st.Actual), pct(ratio(st.Actual, st.Budget)))
+	fmt.Fprintf(b, "**Debt bound.** On each key, what leases spent plus what the store debited in any window of length w "+
+		"is at most C + r·(w + τ + 1 ms) + max_debt. Closest: %s, whose worst window exceeded r·w by %s tokens of the "+
+		"%s allowed: **%.3f of the bound**. The lowest level a store answered was %s tokens on %s, against -max_debt = -%s.\n\n",
+		code(st.WorstKey), tokens2(int64(st.WorstExcess)), tokens2(int64(st.WorstBound)), st.WorstRatio(),
+		tokens2(st.Deepest), code(st.DeepestKey), tokens2(st.DeepestMax))
+	fmt.Fprintf(b, "![settled costs per second](%s/settled.svg)\n\n![debt depth](%s/debt-depth.svg)\n\n", sc.Name, sc.Name)
 }

@@ -112,6 +112,8 @@ type Traffic struct {
 	Arrivals string    `yaml:"arrivals"` // poisson (default) or constant
 	Shape    Shape     `yaml:"shape"`
 	Skew     Skew      `yaml:"skew"`
+	// Cost, if set, makes every check an estimate settled after the response (settle.go).
+	Cost *SettledCost `yaml:"cost"`
 
 	nodes []int
 }
@@ -482,6 +484,11 @@ func (sc *Scenario) prepareTraffic() error {
 			return fmt.Errorf("%s: agents: %w", at, err)
 		}
 		t.nodes = nodes
+		if t.Cost != nil {
+			if err := t.Cost.prepare(); err != nil {
+				return fmt.Errorf("%s: %w", at, err)
+			}
+		}
 		s := &t.Shape
 		switch s.Kind {
 		case "", "none":

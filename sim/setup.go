@@ -20,6 +20,7 @@ const (
 	streamArrivals = iota + 1
 	streamCrashes
 	streamNetwork
+	streamSettles
 )
 
 func rng(seed uint64, stream, n int) *rand.Rand {
@@ -74,6 +75,7 @@ func newWorld(sc *Scenario, opts Options) (*world, error) {
 			idx:     i,
 			rng:     rng(sc.Seed, streamArrivals, i),
 			crashes: rng(sc.Seed, streamCrashes, i),
+			settles: rng(sc.Seed, streamSettles, i),
 		})
 	}
 	first := 0
@@ -86,6 +88,12 @@ func newWorld(sc *Scenario, opts Options) (*world, error) {
 	for ti := range sc.Traffic {
 		t := &sc.Traffic[ti]
 		reqs := groups[t.Identities]
+		if t.Cost != nil {
+			var err error
+			if reqs, err = w.settledRequests(ti, reqs, t.Cost); err != nil {
+				return nil, err
+			}
+		}
 		for _, ni := range t.nodes {
 			for _, ri := range reqs {
 				if w.reqs[ri].keys[w.nodes[ni].region.idx] < 0 {
@@ -180,13 +188,45 @@ func (w *world) addGroup(g *Identities, identIdx map[string]int32) ([]int32, err
 				if lim.Scope == policy.Regional {
 					st = 1 + rg.idx
 				}
-				k = newKey(name, st, lim.Bucket)
+				k = newKey(name, st, lim.Bucket, lim.MaxDebt)
 				k.idx = int32(len(w.keys))
 				w.keyIdx[name] = k
 				w.keys = append(w.keys, k)
 			}
 			rq.keys[rg.idx] = k.idx
 			w.byRef[refKey{route.Rule.Name, route.Template(), route.Operation(), tenant, lim.Region}] = k
+		}
+		out = append(out, int32(len(w.reqs)))
+		w.reqs = append(w.reqs, rq)
+	}
+	return out, nil
+}
+
+// settledRequests are copies of reqs whose checks are estimates settled after the response: the
+// estimate must fit the bucket, and every actual cost Settle's bound (capacity plus max_debt).
+func (w *world) settledRequests(ti int, reqs []int32, c *SettledCost) ([]int32, error) {
+	out := make([]int32, 0, len(reqs))
+	for _, ri := range reqs {
+		rq := w.reqs[ri]
+		rule := w.rules[rq.rule]
+		if rule.Direct {
+			return nil, fmt.Errorf("sim: %s: traffic[%d]: rule %s has lease: off; settled costs are simulated on leases", w.sc.Name, ti, rule.Name)
+		}
+		rq.query.Cost, rq.query.Settle = c.Estimate, true
+		rq.cost, rq.micro, rq.settle = c.Estimate, c.Estimate*int64(bucket.PerToken), c
+		for _, ki := range rq.keys {
+			if ki < 0 {
+				continue
+			}
+			k := w.keys[ki]
+			k.settled = true
+			if capacity := int64(k.limit.Capacity()); rq.micro > capacity {
+				return nil, fmt.Errorf("sim: %s: traffic[%d]: cost.estimate %d is more than the burst of rule %s",
+					w.sc.Name, ti, c.Estimate, rule.Name)
+			} else if most := (capacity + k.maxDebt) / int64(bucket.PerToken); c.Actual.most() > float64(most) {
+				return nil, fmt.Errorf("sim: %s: traffic[%d]: cost.actual reaches %g tokens, more than %d, the burst plus max_debt of rule %s (Settle refuses it)",
+					w.sc.Name, ti, c.Actual.most(), most, rule.Name)
+			}
 		}
 		out = append(out, int32(len(w.reqs)))
 		w.reqs = append(w.reqs, rq)

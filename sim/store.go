@@ -79,6 +79,7 @@ func (s *storeShell) answered(st *store, k *key, r bucket.Result, now bucket.Mil
 	w.second(w.now).StoreOps++
 	if changed {
 		k.level = bucket.State{Tokens: r.Remaining, Last: now}
+		w.debtLevel(k, int64(r.Remaining))
 	}
 	return changed && r.Granted > 0
 }
@@ -102,6 +103,9 @@ func (s *storeShell) Take(ctx context.Context, reqs []coordinator.TakeRequest) (
 		changed := r.Err == nil && !r.Replayed && !r.Stale
 		if changed && r.Credited > 0 {
 			s.budget(k, -float64(r.Credited)) // the lease handed back first, in the same operation
+		}
+		if changed && reqs[i].Debt > 0 {
+			s.debt(k, reqs[i].Debt, r.Debited) // then the debt, before the take
 		}
 		if s.answered(st, k, r.Result, r.Now, changed) {
 			if f := s.w.overgrant; f > 1 {
@@ -146,12 +150,28 @@ func (s *storeShell) Return(ctx context.Context, reqs []coordinator.ReturnReques
 	return out, nil
 }
 
-// budget checks DESIGN §5's budget bound on key: what the grant rule hands out minus what is
-// credited back, in any window of length w, is at most C + r·w.
+// debt books a debt the store charged on k: debited of the debt sent, the rest forgiven. The debit
+// counts in the budget and in the debt bound's charge.
+func (s *storeShell) debt(k *key, sent, debited bucket.Micro) {
+	w := s.w
+	sec := w.second(w.now)
+	sec.DebtCharged += int64(debited)
+	sec.DebtForgiven += int64(sent - debited)
+	w.res.Settled.StoreDebited += int64(debited)
+	w.res.Settled.StoreForgiven += int64(sent - debited)
+	k.debited += int64(debited)
+	s.budget(k, float64(debited))
+	w.charge(k, w.now, float64(debited))
+}
+
+// budget checks DESIGN §5's budget bound on key: what the grant rule hands out and the store
+// debits as debt, minus what is credited back, in any window of length w, is at most
+// C + r·w + max_debt (docs/leases.md, "Debt").
 func (s *storeShell) budget(k *key, x float64) {
 	w := s.w
 	if e := k.budget.add(w.now, x, k.rate); e > k.budgetBound+tolerance {
 		w.violate("budget", k.name, w.now,
-			"net grants in [%s, %s] exceed C + r·w by %s tokens", time.Duration(k.budget.start), time.Duration(w.now), tokens(int64(e-k.budgetBound)))
+			"net grants and debts in [%s, %s] exceed C + r·w + max_debt by %s tokens", time.Duration(k.budget.start), time.Duration(w.now),
+			tokens(int64(e-k.budgetBound)))
 	}
 }

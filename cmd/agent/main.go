@@ -71,6 +71,8 @@ type config struct {
 	deprecated      []cli.Deprecation // old names used, logged at start
 
 	idempotencyWindow time.Duration
+	settleWindow      time.Duration
+	maxSettleHolds    int
 	idempotencyKeys   int
 	auditLog          string
 	auditSampleAllow  float64
@@ -139,6 +141,10 @@ func newFlags(c *config, getenv func(string) string, stderr io.Writer) *cli.Flag
 		"how long a repeat of a check's idempotency key on the same bucket gets the first allow without a charge; 0: off (every repeat is charged)")
 	f.EnvInt(&c.idempotencyKeys, "idempotency-keys", "LEASEBUCKET_AGENT_IDEMPOTENCY_KEYS", agent.DefaultIdempotencyKeys,
 		"most idempotency keys remembered; the oldest are forgotten first")
+	f.EnvDuration(&c.settleWindow, "settle-window", "LEASEBUCKET_AGENT_SETTLE_WINDOW", agent.DefaultSettleWindow,
+		"how long a check allowed on an estimate (settle: true) can be settled with its actual cost; unsettled, the estimate stands")
+	f.EnvInt(&c.maxSettleHolds, "max-settle-holds", "LEASEBUCKET_AGENT_MAX_SETTLE_HOLDS", agent.DefaultMaxHolds,
+		"most checks waiting to be settled (about 200 bytes each); beyond, the oldest keep their estimate")
 	f.EnvString(&c.auditLog, "audit-log", "LEASEBUCKET_AGENT_AUDIT_LOG", "stdout",
 		`audit events (JSON lines): "stdout", a file (appended to), or "off"`)
 	f.EnvFloat64(&c.auditSampleAllow, "audit-sample-allow", "LEASEBUCKET_AGENT_AUDIT_SAMPLE_ALLOW", audit.DefaultSampleAllow,
@@ -166,6 +172,8 @@ func (c *config) check(f *cli.Flags) error {
 		return errors.New("--overrides-interval must not be negative (0 turns runtime overrides off)")
 	case c.maxKeys <= 0:
 		return errors.New("--max-keys must be positive")
+	case c.settleWindow <= 0 || c.maxSettleHolds <= 0:
+		return errors.New("--settle-window and --max-settle-holds must be positive")
 	case c.idempotencyWindow < 0 || (c.idempotencyWindow > 0 && c.idempotencyWindow < max(time.Second, 2*c.maxWait)):
 		// A repeat must find the first check's record while that check is still being decided.
 		return errors.New("--idempotency-window must be 0 (off) or at least 1s and twice --max-wait")
@@ -256,6 +264,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	metrics := agent.NewMetrics()
 	lim = agent.New(agent.Config{
 		AgentID: id, Region: cfg.region, MaxKeys: cfg.maxKeys, Guard: clock.Guard,
+		SettleWindow: cfg.settleWindow, MaxHolds: cfg.maxSettleHolds,
 	}, src.Current())
 	ref := agent.NewRefresher(agent.RefresherConfig{
 		Coordinator: agent.CoordinatorClient(conn),

@@ -133,6 +133,7 @@ type diffRun struct {
 	counted  int               // counter takes granted
 	resets   int               // counter takes denied until the end of their period
 	outside  int               // counter operations refused: the clock outside their window
+	indebt   int               // takes that charged a debt and left the key below zero
 }
 
 // fewAgents is the agent pool of most sequences: replays and stale operations are frequent.
@@ -352,6 +353,17 @@ func (d *diffRun) takes() {
 				reqs[i].Want, reqs[i].Min = 0, 0 // only the lease handed back
 			}
 		}
+		if d.src.n(3) == 0 {
+			// A cost settled after the fact, charged before the take, down to -MaxDebt.
+			reqs[i].Debt = d.amount(l.Capacity())
+			reqs[i].MaxDebt = pick(d.src, 0, l.Capacity(), between(d.src, 0, l.Capacity()))
+			if d.src.n(4) == 0 {
+				reqs[i].Want, reqs[i].Min = 0, 0 // only the debt (and a lease handed back)
+			}
+			if d.src.n(30) == 0 {
+				reqs[i].MaxDebt = l.Capacity() + 1 // invalid: both stores must reject it
+			}
+		}
 	}
 	ctx := context.Background()
 	got, err := d.lua.Take(ctx, reqs)
@@ -374,6 +386,9 @@ func (d *diffRun) takes() {
 		}
 		if g.Err == nil && g.Pace > 0 && !g.Replayed {
 			d.paced++
+		}
+		if g.Err == nil && g.Debited > 0 && g.Remaining < 0 && !g.Replayed {
+			d.indebt++
 		}
 		if !r.Period.IsZero() {
 			switch {
@@ -433,7 +448,7 @@ func (d *diffRun) returns() {
 }
 
 func sameTake(a, b coordinator.TakeResult) bool {
-	return a.Result == b.Result && a.Credited == b.Credited && a.Pace == b.Pace && a.Now == b.Now && a.Replayed == b.Replayed && a.Stale == b.Stale
+	return a.Result == b.Result && a.Credited == b.Credited && a.Debited == b.Debited && a.Pace == b.Pace && a.Now == b.Now && a.Replayed == b.Replayed && a.Stale == b.Stale
 }
 
 func sameReturn(a, b coordinator.ReturnResult) bool {
@@ -461,8 +476,8 @@ func (d *diffRun) compareState(key string, l bucket.Limit) {
 	if !reflect.DeepEqual(got, want) {
 		d.fail("key %s (%v): Redis holds %+v, memstore %+v", key, l, got, want)
 	}
-	if got.State.Tokens < 0 {
-		d.fail("key %s: negative tokens %d", key, got.State.Tokens)
+	if got.State.Tokens < -l.Capacity() {
+		d.fail("key %s: tokens %d below -capacity", key, got.State.Tokens)
 	}
 }
 
@@ -487,10 +502,10 @@ func parseHash(fields map[string]string) (memstore.Entry, error) {
 			e.CompeteUntil, e.Competes = bucket.Millis(nums[0]), true
 		case f == "p" && len(nums) == 1:
 			e.Period, e.Counter = bucket.Millis(nums[0]), true
-		case strings.HasPrefix(f, "a:") && len(nums) == 8:
+		case strings.HasPrefix(f, "a:") && len(nums) == 9:
 			e.Takes[f[2:]] = memstore.TakeRecord{Seq: uint64(nums[0]), Granted: bucket.Micro(nums[1]),
 				Remaining: bucket.Micro(nums[2]), RetryAfter: bucket.Millis(nums[3]), Credited: bucket.Micro(nums[4]),
-				Pace: bucket.Millis(nums[5]), Demand: bucket.Micro(nums[6]), Now: bucket.Millis(nums[7])}
+				Pace: bucket.Millis(nums[5]), Demand: bucket.Micro(nums[6]), Debited: bucket.Micro(nums[7]), Now: bucket.Millis(nums[8])}
 		case strings.HasPrefix(f, "r:") && len(nums) == 4:
 			e.Returns[f[2:]] = memstore.ReturnRecord{Seq: uint64(nums[0]), Credited: bucket.Micro(nums[1]),
 				Remaining: bucket.Micro(nums[2]), Now: bucket.Millis(nums[3])}
@@ -527,7 +542,7 @@ func TestDifferential(t *testing.T) {
 	}
 	const workers = 4
 	var next atomic.Int64
-	var paced, counted, resets, outside atomic.Int64
+	var paced, counted, resets, outside, indebt atomic.Int64
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
@@ -544,6 +559,7 @@ func TestDifferential(t *testing.T) {
 				counted.Add(int64(d.counted))
 				resets.Add(int64(d.resets))
 				outside.Add(int64(d.outside))
+				indebt.Add(int64(d.indebt))
 			}
 		})
 	}
@@ -551,12 +567,15 @@ func TestDifferential(t *testing.T) {
 	if !t.Failed() && paced.Load() == 0 {
 		t.Fatal("no take was contended: the test does not reach the contention rule")
 	}
+	if !t.Failed() && indebt.Load() == 0 {
+		t.Fatal("no debt took a key below zero: the test does not reach the debt")
+	}
 	if !t.Failed() && (counted.Load() == 0 || resets.Load() == 0 || outside.Load() == 0) {
 		t.Fatalf("counters: %d takes granted, %d denied until a period ends, %d outside their window; the test must reach all three",
 			counted.Load(), resets.Load(), outside.Load())
 	}
-	t.Logf("%d contended takes; counters: %d takes granted, %d denied until a period ends, %d outside their window",
-		paced.Load(), counted.Load(), resets.Load(), outside.Load())
+	t.Logf("%d debts below zero; %d contended takes; counters: %d takes granted, %d denied until a period ends, %d outside their window",
+		indebt.Load(), paced.Load(), counted.Load(), resets.Load(), outside.Load())
 }
 
 // TestDifferentialCrowded plays sequences where hundreds of agents use the same keys, so that

@@ -61,6 +61,7 @@ type takeRecord struct {
 	Seq        uint64
 	Granted    bucket.Micro
 	Credited   bucket.Micro
+	Debited    bucket.Micro
 	Remaining  bucket.Micro
 	RetryAfter bucket.Millis
 	Pace       bucket.Millis
@@ -172,6 +173,7 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 				return coordinator.TakeResult{
 					Result:   bucket.Result{Granted: rec.Granted, Remaining: rec.Remaining, RetryAfter: rec.RetryAfter},
 					Credited: rec.Credited,
+					Debited:  rec.Debited,
 					Pace:     rec.Pace,
 					Now:      rec.Now,
 					Replayed: true,
@@ -197,10 +199,14 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 	if r.Credit.Amount > 0 {
 		credited = e.state.Return(r.Limit, now, r.Credit.Amount, r.Credit.GrantedAt).Granted
 	}
+	var debited bucket.Micro
+	if r.Debt > 0 {
+		debited = e.state.Charge(r.Limit, now, r.Debt, r.MaxDebt).Granted
+	}
 	res := bucket.Result{Remaining: e.state.Tokens}
 	var pace bucket.Millis
 	demand := min(r.Demand, lease.MaxShareDemand)
-	if !r.CreditOnly() {
+	if !r.TakesNothing() {
 		e.state.Refill(r.Limit, now)
 		unit, want := max(1, r.Unit), r.Want
 		var mine int64
@@ -232,10 +238,10 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 	}
 	e.setExpiry(r.Limit)
 	if idem {
-		e.recordTake(r.Op, takeRecord{Seq: r.Op.Seq, Granted: res.Granted, Credited: credited, Remaining: res.Remaining,
-			RetryAfter: res.RetryAfter, Pace: pace, Demand: demand, Now: e.state.Last})
+		e.recordTake(r.Op, takeRecord{Seq: r.Op.Seq, Granted: res.Granted, Credited: credited, Debited: debited,
+			Remaining: res.Remaining, RetryAfter: res.RetryAfter, Pace: pace, Demand: demand, Now: e.state.Last})
 	}
-	return coordinator.TakeResult{Result: res, Credited: credited, Pace: pace, Now: e.state.Last}
+	return coordinator.TakeResult{Result: res, Credited: credited, Debited: debited, Pace: pace, Now: e.state.Last}
 }
 
 // recordTake keeps rec as op's agent's last Take on the key and sweeps old records.
@@ -297,8 +303,16 @@ func (sh *shard) count(e *entry, r *coordinator.TakeRequest, now bucket.Millis) 
 		}
 		credited = cr.Granted
 	}
+	var debited bucket.Micro
+	if r.Debt > 0 {
+		cr, err := c.Charge(q, r.Period, now, r.Debt, r.MaxDebt)
+		if err != nil {
+			return coordinator.TakeResult{Err: fmt.Errorf("memstore: take %q: %w", r.Key, err)}
+		}
+		debited = cr.Granted
+	}
 	res := bucket.Result{Remaining: c.Tokens}
-	if !r.CreditOnly() {
+	if !r.TakesNothing() {
 		share := r.Share
 		if share == 0 {
 			share = bucket.WholeShare
@@ -310,10 +324,10 @@ func (sh *shard) count(e *entry, r *coordinator.TakeRequest, now bucket.Millis) 
 	}
 	e = sh.setCounter(e, r.Key, c, r.Period)
 	if r.Op.Agent != "" {
-		e.recordTake(r.Op, takeRecord{Seq: r.Op.Seq, Granted: res.Granted, Credited: credited, Remaining: res.Remaining,
-			RetryAfter: res.RetryAfter, Now: c.Last})
+		e.recordTake(r.Op, takeRecord{Seq: r.Op.Seq, Granted: res.Granted, Credited: credited, Debited: debited,
+			Remaining: res.Remaining, RetryAfter: res.RetryAfter, Now: c.Last})
 	}
-	return coordinator.TakeResult{Result: res, Credited: credited, Now: c.Last}
+	return coordinator.TakeResult{Result: res, Credited: credited, Debited: debited, Now: c.Last}
 }
 
 // totalDemand is the key's demand for the contention rule: agent's own and the last demand of

@@ -9,9 +9,10 @@
 --   x          logical expiry on the key clock; absent when the key never expires
 --   c          the key clock until which its agents compete (lease.Contend); absent until a take
 --              was contended
---   a:<agent>  that agent's last Take:   "seq granted remaining retry credited pace demand now"
---              (records of older versions hold "seq granted remaining retry [credited] now"; the
---              time is always the last word)
+--   a:<agent>  that agent's last Take:   "seq granted remaining retry credited pace demand debited
+--              now" (records of older versions hold "seq granted remaining retry credited pace
+--              demand now" or "seq granted remaining retry [credited] now", no debt; the time is
+--              always the last word)
 --   r:<agent>  that agent's last Return: "seq credited remaining now"
 -- ARGV     op ("take" | "return"), capacity, num, den, fill (the bucket.Limit),
 --          take: want, least, share (1..1000) | return: amount, granted_at, 0,
@@ -19,11 +20,17 @@
 --          record_keep, max_records, expiry_margin (coordinator constants),
 --          take: unit, ret_amount, ret_granted_at (a lease handed back before the take, in the
 --          same operation; ret_amount 0 for none), demand (µ/s, at most lease.MaxShareDemand),
---          ttl (the lease lifetime in ms, 0 for direct mode) | return: 1, 0, 0, 0, 0
--- Returns  {granted, remaining, retry_after, now, flags, credited, pace}; flags: 1 replayed,
---          2 stale; credited is what a take's handed-back lease was credited (0 for a return:
---          its credit is granted); pace is how long the agent waits before it asks again after a
---          contended take (lease.Contend, lease.Pace), else 0.
+--          ttl (the lease lifetime in ms, 0 for direct mode), debt (µ settled after the fact,
+--          charged after the handed-back lease and before the take), max_debt (µ, 0..capacity:
+--          how far below zero the debt may take the bucket) | return: 1, 0, 0, 0, 0, 0, 0
+-- Returns  {granted, remaining, retry_after, now, flags, credited, pace, debited}; flags:
+--          1 replayed, 2 stale; credited is what a take's handed-back lease was credited (0 for a
+--          return: its credit is granted); pace is how long the agent waits before it asks again
+--          after a contended take (lease.Contend, lease.Pace), else 0; debited is what was charged
+--          of the debt (State.Charge; the rest was forgiven).
+--
+-- Tokens may be below zero, down to -max_debt >= -capacity, after a debt: every value formed from
+-- them (capacity - tokens, least - tokens, tokens + max_debt) stays within 2 * capacity.
 --
 -- Numbers are IEEE doubles. Every value below is an integer of magnitude at most 2^53 - 1, where a
 -- double is exact, so + - * and comparisons are exact; the bound is noted beside each
@@ -31,7 +38,7 @@
 -- directly: idiv computes an exact floor. Numbers are written with %d, never tostring's %.14g.
 --
 -- intmath.lua and common.lua, prepended to this script: idiv, ceil_div and int; ARGV 1 and
--- 6..17, now, rec_field, take_share and sweep.
+-- 6..17, now, rec_field, take_share, charge and sweep.
 
 local capacity = tonumber(ARGV[2])
 local num = tonumber(ARGV[3]) -- refill: num microtokens every den ms; num == 0 never refills
@@ -39,28 +46,31 @@ local den = tonumber(ARGV[4])
 local fill = tonumber(ARGV[5]) -- ms for an empty bucket to fill; 0 when num == 0
 local demand = tonumber(ARGV[18]) -- take: the agent's demand, µ/s (<= 2^43)
 local ttl = tonumber(ARGV[19]) -- take: the lease lifetime, ms (0: direct mode, no contention rule)
+local debt = tonumber(ARGV[20]) -- take: µ settled after the fact, charged before the take
+local max_debt = tonumber(ARGV[21]) -- take: how far below zero the debt may go, µ (<= capacity)
 local FRESH = 2 -- lease.FreshLeases
 local MAX_SHARE_DEMAND = 8796093022208 -- lease.MaxShareDemand, 2^43
 
--- The refill of 0 <= elapsed < fill ms on top of a remainder 0 <= frac < den (Limit.added):
+-- The refill of 0 <= elapsed <= fill ms on top of a remainder 0 <= frac < den (Limit.added):
 -- whole microtokens and the new remainder of (elapsed*num + frac) / den.
 local function added(elapsed, frac)
   local q = idiv(elapsed, den)
   local r = elapsed - q * den -- q*den <= elapsed
   local t = r * num + frac -- r*num + frac < den*num + den = (num+1)*den <= 2^53 - 1
   local w = idiv(t, den)
-  return q * num + w, -- q*num <= elapsed*num/den < capacity + num <= 2^53 - 1
+  return q * num + w, -- q*num <= fill*num/den < capacity + num <= 2^53 - 1
     t - w * den -- w*den <= t
 end
 
--- ceil((amount*den - frac) / num) for 0 <= amount <= capacity, 0 <= frac < den, num > 0
--- (Limit.timeForFrac): the ms until amount more microtokens are there.
+-- ceil((amount*den - frac) / num) for 0 <= amount <= 2*capacity, 0 <= frac < den, num > 0
+-- (Limit.timeForFrac): the ms until amount more microtokens are there (up to 2*capacity from a
+-- debt: least - tokens, capacity - tokens).
 local function time_for(amount, frac)
   local q = idiv(amount, num)
   local r = amount - q * num -- q*num <= amount
   local x = r * den - frac -- r*den < num*den <= 2^53 - 1; x > -den
   if x >= 0 then
-    return q * den -- q*den <= amount*den/num <= capacity*den/num <= MaxFill = 2^45
+    return q * den -- q*den <= amount*den/num <= 2*capacity*den/num <= 2*MaxFill = 2^46
       + ceil_div(x, num)
   end
   return q * den - idiv(-x, num) -- the ceiling of a negative quotient
@@ -101,10 +111,29 @@ end
 
 -- State.Refill: credit the time since last, capped at capacity, keeping the fraction of a
 -- microtoken for the next refill; a clock that went back credits nothing and leaves last where
--- it was.
+-- it was. From a debt (tokens < 0) first the time to reach zero (at most fill ms: -tokens <=
+-- capacity), then the rest from there: the clamp to a whole fill holds only from zero up.
 local elapsed = now - last
 if elapsed > 0 then
   last = now
+  if tokens < 0 and num > 0 then
+    local zero = time_for(-tokens, frac)
+    local add
+    if elapsed < zero then
+      add, frac = added(elapsed, frac)
+      tokens = tokens + add -- still below zero: add < -tokens
+      elapsed = 0
+    else
+      add, frac = added(zero, frac)
+      tokens = tokens + add -- 0 <= tokens < num + 1
+      elapsed = elapsed - zero
+      if tokens >= capacity then
+        tokens, frac = capacity, 0
+      end
+    end
+  end
+end
+if elapsed > 0 then
   if tokens >= capacity or num == 0 then
     frac = 0 -- full, or never refills
   elseif elapsed >= fill then -- clamp elapsed to the time to fill before multiplying
@@ -158,10 +187,15 @@ end
 
 -- the longest pace (lease.Pace): three quarters of a lifetime (lease.LowWater = 250‰)
 local longest = ttl - idiv(ttl * 250, 1000)
-local granted, retry, credited, pace = 0, 0, 0, 0
+local granted, retry, credited, pace, debited = 0, 0, 0, 0, 0
 if op == 'take' then
   if ret_amount > 0 then
     credited = credit(ret_amount, ret_granted_at)
+  end
+  -- State.Charge (common.lua): the debt, after the credit and before the take
+  if debt > 0 then
+    debited = charge(tokens, debt, max_debt)
+    tokens = tokens - debited -- >= -max_debt
   end
   -- lease.Contend: a take that would leave the bucket low (below a quarter of its capacity,
   -- lease.Reserve), or on a key whose agents compete (c), on a key whose agents' demand (its own
@@ -179,7 +213,7 @@ if op == 'take' then
         for w in string.gmatch(all[i + 1], '%S+') do
           f[#f + 1] = tonumber(w)
         end
-        if #f == 8 and last - f[8] <= FRESH * ttl then
+        if (#f == 8 or #f == 9) and last - f[#f] <= FRESH * ttl then
           total = total + f[7] -- each <= 2^43, at most a few hundred records
         end
       end
@@ -200,7 +234,7 @@ if op == 'take' then
       -- forming a sum above it)
       local pool = refilled(since)
       if pool <= capacity - tokens then
-        pool = pool + tokens
+        pool = math.max(0, pool + tokens) -- a bucket in debt may have nothing to share
       else
         pool = capacity
       end
@@ -255,9 +289,9 @@ local new_expiry = 0
 if has_expiry then
   local ttf = 0
   if tokens < capacity then
-    ttf = time_for(capacity - tokens, frac)
+    ttf = time_for(capacity - tokens, frac) -- from a debt too: capacity - tokens <= 2*capacity
   end
-  new_expiry = last + ttf + expiry_margin -- last < 2^52, ttf <= 2^45
+  new_expiry = last + ttf + expiry_margin -- last < 2^52, ttf <= 2^46
   fields[#fields + 1] = 'x'
   fields[#fields + 1] = int(new_expiry)
 end
@@ -268,7 +302,7 @@ end
 if rec_field then
   fields[#fields + 1] = rec_field
   if op == 'take' then
-    fields[#fields + 1] = string.format('%d %d %d %d %d %d %d %d', seq, granted, tokens, retry, credited, pace, demand, last)
+    fields[#fields + 1] = string.format('%d %d %d %d %d %d %d %d %d', seq, granted, tokens, retry, credited, pace, demand, debited, last)
   else
     fields[#fields + 1] = string.format('%d %d %d %d', seq, granted, tokens, last)
   end
@@ -295,4 +329,4 @@ if compete_until then
 end
 sweep(fixed, last)
 
-return {granted, tokens, retry, last, 0, credited, pace}
+return {granted, tokens, retry, last, 0, credited, pace, debited}

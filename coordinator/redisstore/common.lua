@@ -44,8 +44,10 @@ end
 -- Idempotency: the words of the calling agent's last record on the key (nil without one), and
 -- the answer to a repeat of that operation (REPLAYED, from the record) or to an older one (STALE),
 -- nil for a new operation. Neither changes anything. Take records hold "seq granted remaining
--- retry credited pace demand now" (older versions "seq granted remaining retry [credited] now"),
--- return records "seq credited remaining now"; the time is always the last word.
+-- retry credited pace demand debited now" (older versions "seq granted remaining retry credited
+-- pace demand now" and "seq granted remaining retry [credited] now": no debt charged), return
+-- records "seq credited remaining now"; the time is always the last word. An answer is the
+-- scripts' reply: {granted, remaining, retry_after, now, flags, credited, pace, debited}.
 local function replay(record, tokens, last)
   if not record then
     return nil, nil
@@ -56,16 +58,18 @@ local function replay(record, tokens, last)
   end
   if f[1] == seq then
     if op == 'take' then
-      if #f == 8 then
-        return f, {f[2], f[3], f[4], f[8], REPLAYED, f[5], f[6]}
+      if #f == 9 then
+        return f, {f[2], f[3], f[4], f[9], REPLAYED, f[5], f[6], f[8]}
+      elseif #f == 8 then
+        return f, {f[2], f[3], f[4], f[8], REPLAYED, f[5], f[6], 0}
       elseif #f == 6 then
-        return f, {f[2], f[3], f[4], f[6], REPLAYED, f[5], 0}
+        return f, {f[2], f[3], f[4], f[6], REPLAYED, f[5], 0, 0}
       end
-      return f, {f[2], f[3], f[4], f[5], REPLAYED, 0, 0}
+      return f, {f[2], f[3], f[4], f[5], REPLAYED, 0, 0, 0}
     end
-    return f, {f[2], f[3], 0, f[4], REPLAYED, 0, 0}
+    return f, {f[2], f[3], 0, f[4], REPLAYED, 0, 0, 0}
   elseif f[1] > seq then
-    return f, {0, tokens, 0, last, STALE, 0, 0}
+    return f, {0, tokens, 0, last, STALE, 0, 0, 0}
   end
   return f, nil
 end
@@ -91,6 +95,13 @@ local function take_share(tokens, want, share)
     granted = math.max(least, idiv(granted, unit) * unit) -- <= granted
   end
   return granted
+end
+
+-- State.Charge on tokens already refilled: a cost settled after the fact, debited even below
+-- zero but never below -max_debt (the rest is forgiven); returns what was debited. Tokens stay
+-- at least -max_debt >= -capacity: tokens + max_debt <= 2 * capacity < 2^53.
+local function charge(tokens, debt, max_debt)
+  return math.max(0, math.min(debt, tokens + max_debt))
 end
 
 -- Sweep: once the key holds more than max_records records besides its fixed fields, drop those

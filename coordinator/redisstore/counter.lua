@@ -4,11 +4,13 @@
 -- KEYS[1] only and makes no network call.
 --
 -- KEYS[1]  the counter: a hash with
---   t          tokens left of the period's quota (microtokens)
+--   t          tokens left of the period's quota (microtokens); below zero, down to -max_debt,
+--              after a debt
 --   l          the key clock (ms): the latest clock reading seen
 --   p          the start of the counter's period (ms)
 --   x          logical expiry on the key clock: the end of the period plus the margin
---   a:<agent>  that agent's last Take:   "seq granted remaining retry credited 0 0 now"
+--   a:<agent>  that agent's last Take:   "seq granted remaining retry credited 0 0 debited now"
+--              (older versions "seq granted remaining retry credited 0 0 now": no debt)
 --   r:<agent>  that agent's last Return: "seq credited remaining now"
 -- ARGV     op ("take" | "return"), quota (µ), start, end, next (the window: the period of the
 --          coordinator's clock [start, end) and the one after it [end, next), ms),
@@ -16,22 +18,27 @@
 --          agent ("" = not idempotent), seq, now ("" = Redis TIME),
 --          record_keep, max_records, expiry_margin (coordinator constants),
 --          take: unit, ret_amount, ret_granted_at (a lease handed back before the take, in the
---          same operation; ret_amount 0 for none) | return: 1, 0, 0
--- Returns  {granted, remaining, retry_after, now, flags, credited, 0} as bucket.lua does (no
---          contention rule: the pace is always 0), or an error reply "OUTSIDE_WINDOW ..." when the
---          key clock is outside the window, changing nothing.
+--          same operation; ret_amount 0 for none), debt, max_debt (a cost settled after the
+--          fact, charged after the handed-back lease and before the take, down to -max_debt,
+--          max_debt <= quota) | return: 1, 0, 0, 0, 0
+-- Returns  {granted, remaining, retry_after, now, flags, credited, 0, debited} as bucket.lua does
+--          (no contention rule: the pace is always 0), or an error reply "OUTSIDE_WINDOW ..." when
+--          the key clock is outside the window, changing nothing.
 --
 -- Numbers are IEEE doubles. Every value is an integer of magnitude at most 2^53 - 1 (the quota,
--- amounts and times are at most 2^52, checked by the coordinator): only comparisons, additions
--- and subtractions of them, and the permille split of common.lua, which stays below 2^53.
+-- amounts and times are at most 2^52, checked by the coordinator; tokens at least -quota): only
+-- comparisons, additions and subtractions of them, and the permille split of common.lua, which
+-- stays below 2^53.
 --
 -- intmath.lua and common.lua, prepended to this script: idiv and int; ARGV 1 and 6..17, now,
--- rec_field, take_share and sweep.
+-- rec_field, take_share, charge and sweep.
 
 local quota = tonumber(ARGV[2])
 local w_start = tonumber(ARGV[3])
 local w_end = tonumber(ARGV[4])
 local w_next = tonumber(ARGV[5])
+local debt = tonumber(ARGV[18]) -- take: µ settled after the fact, charged before the take
+local max_debt = tonumber(ARGV[19]) -- take: how far below zero the debt may go, µ (<= quota)
 
 local h = redis.call('HMGET', key, 't', 'l', 'p', 'x', rec_field or 't')
 local tokens, last, period, expiry = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4])
@@ -82,10 +89,15 @@ local function credit(amount, granted_at)
   return c
 end
 
-local granted, retry, credited = 0, 0, 0
+local granted, retry, credited, debited = 0, 0, 0, 0
 if op == 'take' then
   if ret_amount > 0 then
     credited = credit(ret_amount, ret_granted_at)
+  end
+  -- Counter.Charge (common.lua): the debt, after the credit and before the take
+  if debt > 0 then
+    debited = charge(tokens, debt, max_debt)
+    tokens = tokens - debited -- >= -max_debt
   end
   -- Counter.Take: State.TakeShare without a refill (common.lua)
   local g = take_share(tokens, want, share)
@@ -107,7 +119,7 @@ local fields = {'t', int(tokens), 'l', int(last), 'p', int(period), 'x', int(new
 if rec_field then
   fields[#fields + 1] = rec_field
   if op == 'take' then
-    fields[#fields + 1] = string.format('%d %d %d %d %d 0 0 %d', seq, granted, tokens, retry, credited, last)
+    fields[#fields + 1] = string.format('%d %d %d %d %d 0 0 %d %d', seq, granted, tokens, retry, credited, debited, last)
   else
     fields[#fields + 1] = string.format('%d %d %d %d', seq, granted, tokens, last)
   end
@@ -120,4 +132,4 @@ end
 -- Sweep (common.lua): besides the records, the key holds t, l, p and x.
 sweep(4, last)
 
-return {granted, tokens, retry, last, 0, credited, 0}
+return {granted, tokens, retry, last, 0, credited, 0, debited}

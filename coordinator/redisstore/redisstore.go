@@ -8,9 +8,10 @@
 // touches exactly one key and Cluster can place keys freely. Its clock is Redis TIME, read inside
 // the script: every coordinator shares the same clock for a key.
 //
-// Key layout, a hash: t tokens (µ), l last refill (ms, the key clock), x the logical expiry (absent
-// when the key never expires), a:<agent> the agent's last Take ("seq granted remaining retry now"),
-// r:<agent> its last Return ("seq credited remaining now"). With Redis' default
+// Key layout, a hash: t tokens (µ; below zero, down to the rule's max_debt, after a cost settled
+// after the fact), l last refill (ms, the key clock), x the logical expiry (absent when the key
+// never expires), a:<agent> the agent's last Take ("seq granted remaining retry credited pace
+// demand debited now", see bucket.lua), r:<agent> its last Return ("seq credited remaining now"). With Redis' default
 // hash-max-listpack-entries 128 and hash-max-listpack-value 64, a key of a few agents with short
 // ids stays in the compact listpack encoding (about 200 bytes with one record).
 //
@@ -137,9 +138,10 @@ type call struct {
 
 // newCall is the script invocation for request item on key: op and the limit, op's operands
 // (take: want, least, share, and unit and the lease handed back first; return: amount,
-// granted_at), the operation id, the clock and the bounds of the idempotency records, in the
-// order of bucket.lua's ARGV.
-func newCall(item int, key, op string, l bucket.Limit, a, b, c int64, id coordinator.OpID, now any, unit int64, back coordinator.Credit, demand bucket.Micro, ttl bucket.Millis) call {
+// granted_at), the operation id, the clock, the bounds of the idempotency records, and for a take
+// the demand, the lease lifetime and the debt charged before it (with its max_debt), in the order
+// of bucket.lua's ARGV.
+func newCall(item int, key, op string, l bucket.Limit, a, b, c int64, id coordinator.OpID, now any, unit int64, back coordinator.Credit, demand bucket.Micro, ttl bucket.Millis, debt debt) call {
 	num, den := l.Rate()
 	return call{item: item, key: key, args: []any{
 		op, int64(l.Capacity()), num, den, int64(l.FillTime()),
@@ -147,19 +149,25 @@ func newCall(item int, key, op string, l bucket.Limit, a, b, c int64, id coordin
 		id.Agent, id.Seq, now,
 		int64(coordinator.RecordKeep), coordinator.MaxRecords, int64(coordinator.ExpiryMargin),
 		unit, int64(back.Amount), int64(back.GrantedAt), int64(min(demand, lease.MaxShareDemand)), int64(ttl),
+		int64(debt.amount), int64(debt.max),
 	}}
+}
+
+// debt is a take's cost settled after the fact and how far below zero it may take the key.
+type debt struct {
+	amount, max bucket.Micro
 }
 
 // newCounterCall is counter.lua's invocation for request item on key: op, the quota and the
 // window, op's operands (as newCall), the operation id, the clock, the bounds of the idempotency
-// records, and for a take the unit and the lease handed back first.
-func newCounterCall(item int, key, op string, l bucket.Limit, w bucket.Window, a, b, c int64, id coordinator.OpID, now any, unit int64, back coordinator.Credit) call {
+// records, and for a take the unit, the lease handed back first and the debt charged before it.
+func newCounterCall(item int, key, op string, l bucket.Limit, w bucket.Window, a, b, c int64, id coordinator.OpID, now any, unit int64, back coordinator.Credit, debt debt) call {
 	return call{item: item, key: key, counter: true, args: []any{
 		op, int64(l.Capacity()), int64(w.Start), int64(w.End), int64(w.Next),
 		a, b, c,
 		id.Agent, id.Seq, now,
 		int64(coordinator.RecordKeep), coordinator.MaxRecords, int64(coordinator.ExpiryMargin),
-		unit, int64(back.Amount), int64(back.GrantedAt),
+		unit, int64(back.Amount), int64(back.GrantedAt), int64(debt.amount), int64(debt.max),
 	}}
 }
 
@@ -167,6 +175,7 @@ func newCounterCall(item int, key, op string, l bucket.Limit, w bucket.Window, a
 type reply struct {
 	bucket.Result
 	credited        bucket.Micro
+	debited         bucket.Micro
 	pace            bucket.Millis
 	now             bucket.Millis
 	replayed, stale bool
@@ -190,11 +199,12 @@ func (s *Store) Take(ctx context.Context, reqs []coordinator.TakeRequest) ([]coo
 		if share == 0 {
 			share = bucket.WholeShare
 		}
+		d := debt{r.Debt, r.MaxDebt}
 		if !r.Period.IsZero() {
-			calls = append(calls, newCounterCall(i, r.Key, "take", r.Limit, r.Period, int64(r.Want), int64(r.Min), share, r.Op, now, int64(max(1, r.Unit)), r.Credit))
+			calls = append(calls, newCounterCall(i, r.Key, "take", r.Limit, r.Period, int64(r.Want), int64(r.Min), share, r.Op, now, int64(max(1, r.Unit)), r.Credit, d))
 			continue
 		}
-		calls = append(calls, newCall(i, r.Key, "take", r.Limit, int64(r.Want), int64(r.Min), share, r.Op, now, int64(max(1, r.Unit)), r.Credit, r.Demand, r.TTL))
+		calls = append(calls, newCall(i, r.Key, "take", r.Limit, int64(r.Want), int64(r.Min), share, r.Op, now, int64(max(1, r.Unit)), r.Credit, r.Demand, r.TTL, d))
 	}
 	if err := s.exec(ctx, calls); err != nil {
 		return nil, fmt.Errorf("redisstore: take: %w", err)
@@ -205,7 +215,8 @@ func (s *Store) Take(ctx context.Context, reqs []coordinator.TakeRequest) ([]coo
 			res[c.item].Err = err
 			continue
 		}
-		res[c.item] = coordinator.TakeResult{Result: rep.Result, Credited: rep.credited, Pace: rep.pace, Now: rep.now, Replayed: rep.replayed, Stale: rep.stale}
+		res[c.item] = coordinator.TakeResult{Result: rep.Result, Credited: rep.credited, Debited: rep.debited, Pace: rep.pace,
+			Now: rep.now, Replayed: rep.replayed, Stale: rep.stale}
 	}
 	return res, nil
 }
@@ -225,10 +236,10 @@ func (s *Store) Return(ctx context.Context, reqs []coordinator.ReturnRequest) ([
 			continue
 		}
 		if !r.Period.IsZero() {
-			calls = append(calls, newCounterCall(i, r.Key, "return", r.Limit, r.Period, int64(r.Amount), int64(r.GrantedAt), 0, r.Op, now, 1, coordinator.Credit{}))
+			calls = append(calls, newCounterCall(i, r.Key, "return", r.Limit, r.Period, int64(r.Amount), int64(r.GrantedAt), 0, r.Op, now, 1, coordinator.Credit{}, debt{}))
 			continue
 		}
-		calls = append(calls, newCall(i, r.Key, "return", r.Limit, int64(r.Amount), int64(r.GrantedAt), 0, r.Op, now, 1, coordinator.Credit{}, 0, 0))
+		calls = append(calls, newCall(i, r.Key, "return", r.Limit, int64(r.Amount), int64(r.GrantedAt), 0, r.Op, now, 1, coordinator.Credit{}, 0, 0, debt{}))
 	}
 	if err := s.exec(ctx, calls); err != nil {
 		return nil, fmt.Errorf("redisstore: return: %w", err)
@@ -408,10 +419,10 @@ func decode(cmd *redis.Cmd) (reply, error) {
 	if err != nil {
 		return reply{}, err
 	}
-	if len(vals) != 7 {
-		return reply{}, fmt.Errorf("script answered %d values, want 7", len(vals))
+	if len(vals) != 8 {
+		return reply{}, fmt.Errorf("script answered %d values, want 8", len(vals))
 	}
-	var n [7]int64
+	var n [8]int64
 	for i, v := range vals {
 		x, ok := v.(int64)
 		if !ok {
@@ -422,6 +433,7 @@ func decode(cmd *redis.Cmd) (reply, error) {
 	return reply{
 		Result:   bucket.Result{Granted: bucket.Micro(n[0]), Remaining: bucket.Micro(n[1]), RetryAfter: bucket.Millis(n[2])},
 		credited: bucket.Micro(n[5]),
+		debited:  bucket.Micro(n[7]),
 		pace:     bucket.Millis(n[6]),
 		now:      bucket.Millis(n[3]),
 		replayed: n[4]&flagReplayed != 0,

@@ -86,7 +86,7 @@ func TestKeyLayout(t *testing.T) {
 		"l":         d(int64(now)),
 		"f":         d(st.Frac),
 		"x":         d(int64(now + ttf + coordinator.ExpiryMargin)),
-		"a:agent-1": "9007199254740991 " + d(int64(tr.Granted)) + " " + d(int64(tr.Remaining)) + " 0 0 0 0 " + d(int64(now-3)),
+		"a:agent-1": "9007199254740991 " + d(int64(tr.Granted)) + " " + d(int64(tr.Remaining)) + " 0 0 0 0 0 " + d(int64(now-3)),
 		"r:agent-1": "2 " + d(int64(rr.Granted)) + " " + d(int64(rr.Remaining)) + " " + d(int64(now)),
 	}
 	if st.Tokens < 1<<50 || ttf <= 0 {
@@ -112,6 +112,64 @@ func TestKeyLayout(t *testing.T) {
 	// An injected clock is not wall time: no Redis TTL.
 	if ttl, err := rdb.PTTL(ctx(t), "k").Result(); err != nil || ttl != -1 {
 		t.Fatalf("PTTL k with an injected clock = %v, %v, want none (-1)", ttl, err)
+	}
+}
+
+// TestOlderRecordsReplay checks that take records written before a take record held the debt
+// charged (and before it held the credit, pace and demand) still answer their repeat, as taking
+// nothing more and charging no debt: a rolling upgrade keeps every retry idempotent.
+func TestOlderRecordsReplay(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	now := bucket.Millis(1_700_000_000_000)
+	s := redisstore.New(rdb, redisstore.WithClock(func() bucket.Millis { return now }))
+	l := mustLimit(t, 10*tok, tok, 100)
+	d := func(v int64) string { return strconv.FormatInt(v, 10) }
+	at := d(int64(now - 5))
+	for _, tc := range []struct {
+		record string
+		want   coordinator.TakeResult
+	}{
+		{"7 3000000 7000000 0 2000000 40 5000000 " + at, coordinator.TakeResult{Credited: 2 * tok, Pace: 40}},
+		{"7 3000000 7000000 0 2000000 " + at, coordinator.TakeResult{Credited: 2 * tok}},
+		{"7 3000000 7000000 0 " + at, coordinator.TakeResult{}},
+	} {
+		fields := map[string]any{"t": d(int64(7 * tok)), "l": at, "f": 0, "a:agent": tc.record}
+		if err := rdb.HSet(ctx(t), "old", fields).Err(); err != nil {
+			t.Fatal(err)
+		}
+		r := coordinator.TakeRequest{Key: "old", Limit: l, Want: 3 * tok, Min: tok, Debt: 5 * tok, MaxDebt: 5 * tok,
+			Op: coordinator.OpID{Agent: "agent", Seq: 7}}
+		got, err := s.Take(ctx(t), []coordinator.TakeRequest{r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := tc.want
+		want.Result = bucket.Result{Granted: 3 * tok, Remaining: 7 * tok}
+		want.Now, want.Replayed = now-5, true
+		if got[0] != want {
+			t.Fatalf("repeat of a take recorded as %q = %+v, want %+v", tc.record, got[0], want)
+		}
+		if tokens, err := rdb.HGet(ctx(t), "old", "t").Result(); err != nil || tokens != d(int64(7*tok)) {
+			t.Fatalf("the repeat changed the bucket: t = %q, %v", tokens, err)
+		}
+	}
+	// A counter's record of the previous layout ("seq granted remaining retry credited 0 0 now").
+	w := bucket.Window{Start: now - 1000, End: now + 1000, Next: now + 3000}
+	q := mustLimit(t, 10*tok, 0, 0)
+	fields := map[string]any{"t": d(int64(7 * tok)), "l": at, "p": d(int64(w.Start)), "x": d(int64(w.End + coordinator.ExpiryMargin)),
+		"a:agent": "7 3000000 7000000 0 0 0 0 " + at}
+	if err := rdb.HSet(ctx(t), "oldc", fields).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := coordinator.TakeRequest{Key: "oldc", Limit: q, Want: 3 * tok, Min: tok, Debt: 5 * tok, Period: w,
+		Op: coordinator.OpID{Agent: "agent", Seq: 7}}
+	got, err := s.Take(ctx(t), []coordinator.TakeRequest{r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (coordinator.TakeResult{Result: bucket.Result{Granted: 3 * tok, Remaining: 7 * tok}, Now: now - 5, Replayed: true}); got[0] != want {
+		t.Fatalf("repeat of a counter's take recorded in the previous layout = %+v, want %+v", got[0], want)
 	}
 }
 
@@ -380,6 +438,39 @@ func TestCluster(t *testing.T) {
 			clients[i] = cl.Client(t)
 		}
 		raceTakes(t, clients, "hot")
+	})
+	t.Run("Debt", func(t *testing.T) {
+		// Costs settled after the fact on keys of every master, in one batch: each key goes below
+		// zero down to its max_debt, the rest forgiven, and then refuses takes.
+		s := redisstore.New(cl.Client(t))
+		l := mustLimit(t, 10*tok, 0, 0)
+		var reqs []coordinator.TakeRequest
+		for i := range 12 {
+			reqs = append(reqs, coordinator.TakeRequest{Key: "debt-" + strconv.Itoa(i), Limit: l, Debt: 12 * tok, MaxDebt: 5 * tok,
+				Op: coordinator.OpID{Agent: "a", Seq: 1}})
+		}
+		for _, want := range []struct {
+			seq                uint64
+			debited, remaining bucket.Micro
+			replayed           bool
+		}{{1, 12 * tok, -2 * tok, false}, {1, 12 * tok, -2 * tok, true}, {2, 3 * tok, -5 * tok, false}} {
+			for i := range reqs {
+				reqs[i].Op.Seq = want.seq
+			}
+			res, err := s.Take(ctx(t), reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, r := range res {
+				if r.Err != nil || r.Debited != want.debited || r.Remaining != want.remaining || r.Granted != 0 || r.Replayed != want.replayed {
+					t.Fatalf("debt on %s (seq %d) = %+v, want debited %d, remaining %d", reqs[i].Key, want.seq, r, want.debited, want.remaining)
+				}
+			}
+		}
+		res, err := s.Take(ctx(t), []coordinator.TakeRequest{{Key: "debt-0", Limit: l, Want: tok, Min: tok}})
+		if err != nil || res[0].Err != nil || res[0].Granted != 0 || res[0].RetryAfter != bucket.Never {
+			t.Fatalf("take from a key in debt that never refills = %+v, %v; want denied for good", res, err)
+		}
 	})
 
 	counter := newTripCounter()

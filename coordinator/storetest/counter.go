@@ -44,6 +44,28 @@ var counterCases = []testCase{
 		f.advance(1)
 		f.take(count("c", q, w2, tok, tok), want{retry: w2.End - f.now, now: f.now})
 	}},
+	{"CounterDebt", func(f *fixture) {
+		q := limit(f.t, 10*tok, 0, 0)
+		w := window(f.now, 1000, day)
+		g := f.take(count("c", q, w, 8*tok, tok), want{granted: 8 * tok, remaining: 2 * tok, now: f.now})
+		// A cost settled after the fact: used goes past the quota by at most max_debt.
+		r := count("c", q, w, 0, 0)
+		r.Debt, r.MaxDebt, r.Op = 6*tok, 3*tok, coordinator.OpID{Agent: "a", Seq: 1}
+		f.take(r, want{remaining: -3 * tok, now: f.now, debited: 5 * tok})
+		f.take(r, want{remaining: -3 * tok, now: f.now, debited: 5 * tok, replayed: true})
+		// Takes are refused until the period ends.
+		f.advance(day / 2)
+		f.take(count("c", q, w, tok, tok), want{remaining: -3 * tok, retry: w.End - f.now, now: f.now})
+		// A lease of the period handed back repays the debt.
+		f.ret(uncount("c", q, w, 4*tok, g.Now), want{granted: 4 * tok, remaining: tok, now: f.now})
+		f.take(count("c", q, w, tok, tok), want{granted: tok, remaining: 0, now: f.now})
+		// The next period starts from the whole quota, the debt gone with its period.
+		r = count("c", q, w, 0, 0)
+		r.Debt, r.MaxDebt = 10*tok, 10*tok
+		f.take(r, want{remaining: -10 * tok, now: f.now, debited: 10 * tok})
+		f.now = w.End
+		f.take(count("c", q, w, 10*tok, tok), want{granted: 10 * tok, now: f.now})
+	}},
 	{"CounterShareUnitCredit", func(f *fixture) {
 		q := limit(f.t, 10*tok, 0, 0)
 		w := window(f.now, 0, 1000)

@@ -65,6 +65,7 @@ type want struct {
 	replayed, stale    bool
 	credited           bucket.Micro  // Take: what its handed-back lease was credited
 	pace               bucket.Millis // Take: the pace of a contended take
+	debited            bucket.Micro  // Take: what was charged of its debt
 }
 
 func (w want) String() string {
@@ -74,6 +75,9 @@ func (w want) String() string {
 	}
 	if w.pace != 0 {
 		s += fmt.Sprintf(" pace=%d", w.pace)
+	}
+	if w.debited != 0 {
+		s += fmt.Sprintf(" debited=%d", w.debited)
 	}
 	if w.replayed {
 		s += " replayed"
@@ -95,6 +99,9 @@ func TakeString(r coordinator.TakeRequest) string {
 	}
 	if r.Credit.Amount != 0 {
 		s += fmt.Sprintf(", credit=%d granted at %d", r.Credit.Amount, r.Credit.GrantedAt)
+	}
+	if r.Debt != 0 || r.MaxDebt != 0 {
+		s += fmt.Sprintf(", debt=%d max_debt=%d", r.Debt, r.MaxDebt)
 	}
 	if !r.Period.IsZero() {
 		s += fmt.Sprintf(", window=%d..%d..%d", r.Period.Start, r.Period.End, r.Period.Next)
@@ -123,7 +130,7 @@ func TakeResultString(r coordinator.TakeResult) string {
 }
 
 func takeWant(r coordinator.TakeResult) want {
-	return want{r.Granted, r.Remaining, r.RetryAfter, r.Now, r.Replayed, r.Stale, r.Credited, r.Pace}
+	return want{r.Granted, r.Remaining, r.RetryAfter, r.Now, r.Replayed, r.Stale, r.Credited, r.Pace, r.Debited}
 }
 
 // ReturnResultString formats a result for failure messages.
@@ -131,7 +138,7 @@ func ReturnResultString(r coordinator.ReturnResult) string {
 	if r.Err != nil {
 		return "error " + r.Err.Error()
 	}
-	return want{r.Granted, r.Remaining, r.RetryAfter, r.Now, r.Replayed, r.Stale, 0, 0}.String()
+	return want{r.Granted, r.Remaining, r.RetryAfter, r.Now, r.Replayed, r.Stale, 0, 0, 0}.String()
 }
 
 func (f *fixture) takes(reqs ...coordinator.TakeRequest) []coordinator.TakeResult {
@@ -172,7 +179,7 @@ func (f *fixture) take(r coordinator.TakeRequest, w want) coordinator.TakeResult
 func (f *fixture) ret(r coordinator.ReturnRequest, w want) coordinator.ReturnResult {
 	f.t.Helper()
 	got := f.returns(r)[0]
-	if got.Err != nil || (want{got.Granted, got.Remaining, got.RetryAfter, got.Now, got.Replayed, got.Stale, 0, 0}) != w {
+	if got.Err != nil || (want{got.Granted, got.Remaining, got.RetryAfter, got.Now, got.Replayed, got.Stale, 0, 0, 0}) != w {
 		f.t.Fatalf("at %d: %s = %s, want %s", f.now, ReturnString(r), ReturnResultString(got), w)
 	}
 	return got
@@ -299,6 +306,65 @@ var cases = []testCase{
 		// Without a credit, want and min 0 is malformed.
 		if got := f.takes(take("k", l, 0, 0))[0]; !errors.Is(got.Err, coordinator.ErrInvalidRequest) {
 			f.t.Fatalf("take of 0 with no credit = %s, want ErrInvalidRequest", TakeResultString(got))
+		}
+	}},
+	{"DebtBelowZero", func(f *fixture) {
+		l := limit(f.t, 10*tok, tok, 100)
+		f.take(take("k", l, 8*tok, 8*tok), want{granted: 8 * tok, remaining: 2 * tok, now: f.now})
+		// A cost settled after the fact, alone (want and min 0): 2 tokens are there, 3 go into
+		// debt, within max_debt 4. Nothing is taken.
+		r := take("k", l, 0, 0)
+		r.Debt, r.MaxDebt, r.Op = 5*tok, 4*tok, coordinator.OpID{Agent: "a", Seq: 1}
+		f.take(r, want{remaining: -3 * tok, now: f.now, debited: 5 * tok})
+		// A repeat is answered from the record: charged once.
+		f.take(r, want{remaining: -3 * tok, now: f.now, debited: 5 * tok, replayed: true})
+		// A take waits for the debt and its own cost: 4 tokens, 400 ms.
+		f.take(take("k", l, tok, tok), want{remaining: -3 * tok, retry: 400, now: f.now})
+		// Beyond max_debt the rest is forgiven; the debt is charged before the take.
+		r = take("k", l, tok, tok)
+		r.Debt, r.MaxDebt = 3*tok, 4*tok
+		f.take(r, want{remaining: -4 * tok, retry: 500, now: f.now, debited: tok})
+		r = take("k", l, 0, 0)
+		r.Debt, r.MaxDebt = tok, 4*tok
+		f.take(r, want{remaining: -4 * tok, now: f.now})
+		// Refills repay the debt, fractions of a token included.
+		f.advance(250)
+		if got := f.tokens("k", l); got != -tok-tok/2 {
+			f.t.Fatalf("250 ms after a debt of 4 tokens the bucket holds %d µ, want -1.5 tokens", got)
+		}
+		// A lease handed back repays it too, before the debt and the take of the same request.
+		r = take("k", l, tok, tok)
+		r.Credit = coordinator.Credit{Amount: 2 * tok, GrantedAt: f.now}
+		f.take(r, want{remaining: tok / 2, retry: 50, now: f.now, credited: 2 * tok})
+		f.advance(50)
+		f.take(take("k", l, tok, tok), want{granted: tok, remaining: 0, now: f.now})
+		// From the deepest debt a whole fill time repays it, and another fills the bucket.
+		r = take("k", l, 0, 0)
+		r.Debt, r.MaxDebt = 20*tok, 10*tok
+		f.take(r, want{remaining: -10 * tok, now: f.now, debited: 10 * tok})
+		f.advance(1000)
+		f.take(take("k", l, tok, tok), want{remaining: 0, retry: 100, now: f.now})
+		f.advance(1000)
+		f.take(take("k", l, tok, tok), want{granted: tok, remaining: 9 * tok, now: f.now})
+		// max_debt 0: a debt is charged while tokens are there, never below zero.
+		r = take("k", l, 0, 0)
+		r.Debt = 12 * tok
+		f.take(r, want{remaining: 0, now: f.now, debited: 9 * tok})
+		// A debt with a lease handed back and no take.
+		f.advance(200)
+		r = take("k", l, 0, 0)
+		r.Debt, r.MaxDebt, r.Credit = 5*tok, 3*tok, coordinator.Credit{Amount: tok, GrantedAt: f.now}
+		f.take(r, want{remaining: -2 * tok, now: f.now, credited: tok, debited: 5 * tok})
+		for _, bad := range []coordinator.TakeRequest{
+			{Key: "k", Limit: l, Debt: -1},
+			{Key: "k", Limit: l, Want: tok, Min: tok, Debt: -1},
+			{Key: "k", Limit: l, Debt: bucket.MaxExact/2 + 1},
+			{Key: "k", Limit: l, Debt: tok, MaxDebt: 10*tok + 1},
+			{Key: "k", Limit: l, Debt: tok, MaxDebt: -1},
+		} {
+			if got := f.takes(bad)[0]; !errors.Is(got.Err, coordinator.ErrInvalidRequest) {
+				f.t.Fatalf("%s = %s, want ErrInvalidRequest", TakeString(bad), TakeResultString(got))
+			}
 		}
 	}},
 	{"Contention", func(f *fixture) {

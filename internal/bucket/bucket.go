@@ -141,10 +141,10 @@ func (l Limit) String() string {
 	return fmt.Sprintf("capacity=%dµ rate=%dµ/%dms", l.capacity, l.num, l.den)
 }
 
-// added refills elapsed ms (0 <= elapsed < fill) on top of a remainder frac (0 <= frac < den, in
+// added refills elapsed ms (0 <= elapsed <= fill) on top of a remainder frac (0 <= frac < den, in
 // units of 1/den µ): it returns the whole microtokens and the new remainder of
 // elapsed*num + frac over den. Split as q*num + (r*num + frac)/den so that no product exceeds 2^53:
-// q*num <= elapsed*num/den < capacity + num, and r*num + frac < den*num + den <= MaxExact.
+// q*num <= elapsed*num/den <= fill*num/den < capacity + num, and r*num + frac < den*num + den <= MaxExact.
 func (l Limit) added(elapsed Millis, frac int64) (Micro, int64) {
 	q, r := int64(elapsed)/l.den, int64(elapsed)%l.den
 	t := r*l.num + frac
@@ -153,7 +153,8 @@ func (l Limit) added(elapsed Millis, frac int64) (Micro, int64) {
 
 // timeFor is ceil(amount * den / num) for 0 <= amount <= 2*capacity: the milliseconds the bucket
 // needs to refill amount. Split as q*den + ceil(r*den/num): r*den < num*den <= MaxExact, and
-// q*den <= amount*den/num, which NewLimit bounded by MaxFill for amount <= capacity.
+// q*den <= amount*den/num, which NewLimit bounded by MaxFill for amount <= capacity (2*MaxFill
+// for 2*capacity: a take or a fill from a debt of at most the capacity).
 func (l Limit) timeFor(amount Micro) Millis {
 	return l.timeForFrac(amount, 0)
 }
@@ -173,7 +174,12 @@ func (l Limit) timeForFrac(amount Micro, frac int64) Millis {
 // in milliseconds at the last refill. A missing state is a full bucket (Full), so an idle key can
 // expire.
 //
-// Invariants: 0 <= Tokens <= Capacity; 0 <= Frac < den, and Frac == 0 when Tokens == Capacity.
+// Tokens goes below zero only by Charge, a cost settled after the fact (debt), and at most by the
+// maxDebt it is given, itself at most the capacity; a take finds no tokens until refills (or
+// returns) have repaid the debt.
+//
+// Invariants: -Capacity <= -maxDebt <= Tokens <= Capacity; 0 <= Frac < den, and Frac == 0 when
+// Tokens == Capacity.
 // Last never moves backwards: a clock that jumps back credits nothing and leaves Last where it
 // was, so no interval is credited twice. Frac carries the part of a microtoken a refill could not
 // credit yet, so refills lose nothing however often the bucket is touched (a bucket touched every
@@ -188,13 +194,31 @@ type State struct {
 func Full(l Limit, now Millis) State { return State{Tokens: l.capacity, Last: now} }
 
 // Refill credits the time since Last, capped at capacity, and moves Last to now if now is later.
-// Nothing is created or lost except what the cap discards.
+// Nothing is created or lost except what the cap discards. From a level below zero (a debt) it
+// first refills the time to reach zero, then the rest from there: the cap's shortcut (a whole
+// fill time fills the bucket) holds only from a level of at least zero.
 func (s *State) Refill(l Limit, now Millis) {
 	elapsed := now - s.Last
 	if elapsed <= 0 {
 		return // the clock went backwards (or did not move): credit nothing, keep Last
 	}
 	s.Last = now
+	if s.Tokens < 0 && l.num > 0 {
+		// -Tokens <= maxDebt <= capacity, so zero <= fill ms away (timeForFrac bounds its
+		// products), and added's bound holds for up to fill ms.
+		zero := l.timeForFrac(-s.Tokens, s.Frac)
+		if elapsed < zero {
+			add, frac := l.added(elapsed, s.Frac)
+			s.Tokens, s.Frac = s.Tokens+add, frac // still below zero: add < -Tokens
+			return
+		}
+		add, frac := l.added(zero, s.Frac)
+		s.Tokens, s.Frac = s.Tokens+add, frac // 0 <= Tokens <= add + Tokens < num + 1
+		elapsed -= zero
+		if s.Tokens >= l.capacity {
+			s.Tokens, s.Frac = l.capacity, 0
+		}
+	}
 	switch {
 	case s.Tokens >= l.capacity || l.num == 0:
 		s.Frac = 0
@@ -214,6 +238,18 @@ type Result struct {
 	Granted    Micro  // microtokens taken by Take, or credited by Return
 	Remaining  Micro  // microtokens left in the bucket afterwards
 	RetryAfter Millis // Take only: 0 if granted, else when min becomes available, or Never
+}
+
+// Charge refills the bucket up to now, then debits a cost settled after the fact: amount, even
+// below zero, but never below -maxDebt; the rest is forgiven. Granted is what was debited,
+// min(amount, Tokens+maxDebt) and never negative (a bucket already deeper in debt than maxDebt,
+// after a policy lowered it, is charged nothing). Charge(0) changes nothing but the refill.
+// Preconditions: amount >= 0; 0 <= maxDebt <= capacity.
+func (s *State) Charge(l Limit, now Millis, amount, maxDebt Micro) Result {
+	s.Refill(l, now)
+	d := max(0, min(amount, s.Tokens+maxDebt)) // Tokens + maxDebt <= 2*capacity
+	s.Tokens -= d
+	return Result{Granted: d, Remaining: s.Tokens}
 }
 
 // Take refills the bucket up to now, then grants min(want, Tokens) if at least least microtokens
@@ -248,6 +284,8 @@ func grantOf(tokens, want, least Micro, share int64, unit Micro) Micro {
 // grant shrinks to least (one request's cost). A grant cut below want — by the share or by what
 // the bucket holds — is rounded down to a multiple of unit (one request's cost), never below
 // least, so a lease holds whole requests and is spent to zero.
+// A bucket in debt (Tokens < 0) grants nothing until least is there: RetryAfter counts the time
+// to repay the debt too (least - Tokens <= 2*capacity, which timeForFrac allows).
 // Preconditions: 1 <= least <= want; 1 <= share <= 1000; unit >= 1.
 func (s *State) TakeShare(l Limit, now Millis, want, least Micro, share int64, unit Micro) Result {
 	s.Refill(l, now)
@@ -271,7 +309,8 @@ func (s *State) TakeShare(l Limit, now Millis, want, least Micro, share int64, u
 // the cap would have stopped the refill. Without that decay, tokens held in leases while the bucket
 // refilled could be returned into a full bucket again and again, and the admission bound
 // C + r·(w + τ) would not hold (docs/leases.md proves it does with the decay).
-// No lease exceeds the capacity, so a larger amount is treated as the capacity.
+// No lease exceeds the capacity, so a larger amount is treated as the capacity. On a bucket in
+// debt the credit repays it (Tokens + credit <= capacity as ever).
 // Preconditions: amount >= 0.
 func (s *State) Return(l Limit, now Millis, amount Micro, grantedAt Millis) Result {
 	s.Refill(l, now)
@@ -298,7 +337,8 @@ func (l Limit) timeDecay(age Millis) Micro {
 }
 
 // TimeToFull is how long the bucket, as of Last, takes to fill; ok is false if it never will
-// (it is not full and does not refill).
+// (it is not full and does not refill). From a debt it is the time to repay it and then fill:
+// capacity - Tokens <= 2*capacity, at most twice the fill time.
 func (s State) TimeToFull(l Limit) (d Millis, ok bool) {
 	switch {
 	case s.Tokens >= l.capacity:

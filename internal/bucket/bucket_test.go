@@ -15,6 +15,7 @@ import (
 //	full now=T                            a fresh (or expired) bucket
 //	take now=T want=W min=M [share=S]     State.TakeShare
 //	return now=T amount=A granted_at=G    State.Return
+//	charge now=T amount=A max_debt=D      State.Charge (a cost settled after the fact)
 //	refill now=T                          State.Refill
 //	state                                 tokens, last refill and time to full
 func TestDataDriven(t *testing.T) {
@@ -49,6 +50,9 @@ func TestDataDriven(t *testing.T) {
 			case "return":
 				r := s.Return(l, Millis(micros(t, d, "now")), Micro(micros(t, d, "amount")), Millis(micros(t, d, "granted_at")))
 				return fmt.Sprintf("credited=%s remaining=%s", tok(r.Granted), tok(r.Remaining))
+			case "charge":
+				r := s.Charge(l, Millis(micros(t, d, "now")), Micro(micros(t, d, "amount")), Micro(micros(t, d, "max_debt")))
+				return fmt.Sprintf("charged=%s remaining=%s", tok(r.Granted), tok(r.Remaining))
 			case "refill":
 				s.Refill(l, Millis(micros(t, d, "now")))
 				return show(l, s)

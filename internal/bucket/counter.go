@@ -35,7 +35,11 @@ var ErrOutsideWindow = errors.New("bucket: the key clock is outside the request'
 // period it holds the whole quota again. Amounts are microtokens; the quota is a Limit that never
 // refills (its Capacity).
 //
-// Invariants: 0 <= Tokens <= quota. Last and Period never move backwards: a clock that jumps
+// Tokens goes below zero only by Charge (a cost settled after the fact), at most by the maxDebt
+// it is given (at most the quota): the period then grants nothing more, and the next one starts
+// from the whole quota again, the debt forgotten with the period it was charged to.
+//
+// Invariants: -quota <= -maxDebt <= Tokens <= quota. Last and Period never move backwards: a clock that jumps
 // back neither starts a period twice nor returns to an earlier one. A token of a period is
 // credited back only to that period (Return), so what a period grants net of credits is at most
 // the quota, exactly.
@@ -75,7 +79,8 @@ func (c *Counter) advance(quota Micro, w Window, now Millis) (end Millis, err er
 
 // Take grants as State.TakeShare does, from the counter of the period of now in w (quota is the
 // counter's Limit: l.Capacity(), never refilling). A denied take's RetryAfter is the time until
-// the period ends, when the whole quota is there again; Never if least is above the quota.
+// the period ends, when the whole quota is there again (a debt too is gone then); Never if least
+// is above the quota.
 // Preconditions: 1 <= least <= want; 1 <= share <= 1000; unit >= 1; w valid.
 func (c *Counter) Take(quota Micro, w Window, now Millis, want, least Micro, share int64, unit Micro) (Result, error) {
 	end, err := c.advance(quota, w, now)
@@ -94,10 +99,24 @@ func (c *Counter) Take(quota Micro, w Window, now Millis, want, least Micro, sha
 	}
 }
 
+// Charge debits a cost settled after the fact from the counter of the period of now in w: amount,
+// even below zero, but never below -maxDebt; the rest is forgiven. Granted is what was debited
+// (State.Charge).
+// Preconditions: amount >= 0; 0 <= maxDebt <= quota; w valid.
+func (c *Counter) Charge(quota Micro, w Window, now Millis, amount, maxDebt Micro) (Result, error) {
+	if _, err := c.advance(quota, w, now); err != nil {
+		return Result{}, err
+	}
+	d := max(0, min(amount, c.Tokens+maxDebt)) // Tokens + maxDebt <= 2*quota
+	c.Tokens -= d
+	return Result{Granted: d, Remaining: c.Tokens}, nil
+}
+
 // Return credits back amount unspent microtokens of a lease granted at grantedAt (the key clock
 // of its grant). Only a lease of the counter's current period is credited, in full (at most what
 // the period spent): its tokens were charged to this period and never used. A lease of an earlier
-// period is credited nothing, since that period's quota is gone with it.
+// period is credited nothing, since that period's quota is gone with it. A credit to a counter in
+// debt repays it.
 // Preconditions: amount >= 0; w valid.
 func (c *Counter) Return(quota Micro, w Window, now Millis, amount Micro, grantedAt Millis) (Result, error) {
 	if _, err := c.advance(quota, w, now); err != nil {

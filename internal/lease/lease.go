@@ -255,7 +255,7 @@ func Contend(l bucket.Limit, tokens, want, least, unit, demand, total bucket.Mic
 	refill := l.Refilled(since)
 	pool := l.Capacity()
 	if refill <= pool-tokens {
-		pool = refill + tokens
+		pool = max(0, refill+tokens) // a bucket in debt (tokens < 0) may have nothing to share
 	}
 	fair := bucket.Permille(pool, share)
 	// The lease is that share, whatever the agent asked for (it asked for its demand over half a

@@ -239,15 +239,24 @@ func checkAdmission(k *Key, recs []*Record) (Window, []Violation) {
 	for _, r := range recs {
 		if r.Spends() {
 			spends = append(spends, spend{r.Sent, r.Recv, float64(r.Cost)})
+			if r.Settled {
+				// The settle replaced the estimate: what was given back, or what was charged
+				// beyond it less what the bucket forgave.
+				spends = append(spends, spend{r.SettleSent, r.SettleRecv, float64(r.Actual - r.Cost - r.Forgiven)})
+			}
 		}
 	}
-	capacity := tokensOf(k.Limit.Capacity())
+	// Costs settled after the response may take the bucket down to max_debt below zero.
+	capacity := tokensOf(k.Limit.Capacity()) + k.MaxDebt
 	over, w := fullestWindow(spends, capacity, ratePerSecond(k.Limit), k.Tau)
 	w.Key, w.Bucket, w.Allowed = k.Name, k.Rule.Name, len(spends)
 	if over > 1e-9 {
 		bound := "C + r·(w + τ)"
 		if k.Rule.Direct {
 			bound = "C + r·w (lease: off)"
+		}
+		if k.MaxDebt > 0 {
+			bound += " + max_debt"
 		}
 		return w, []Violation{{Check: "admission", Detail: fmt.Sprintf(
 			"key %s (bucket %s): %.0f tokens allowed within %v from %v, bound %s = %.2f (C = %.0f, r = %g/s, τ = %v, with slack)",

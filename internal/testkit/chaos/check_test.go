@@ -32,6 +32,7 @@ func testKeys(t *testing.T) (*Keys, map[Kind]*Key) {
 		{KindTail, tailTenant(0), tailPath(1), "GET"},
 		{KindDirect, directTenant(), directPath(1), "GET"},
 		{KindMulti, multiTenant(0), multiPath(1), multiOp()},
+		{KindSettled, settledTenant(0), settledPath(1), "GET"},
 	} {
 		key, err := ks.Add(k.kind, k.tenant, k.path, k.op)
 		if err != nil {
@@ -122,6 +123,59 @@ func TestAdmissionDirect(t *testing.T) {
 				t.Fatalf("within C + r·(w + τ), yet blamed: %v", res.Violations)
 			}
 		})
+	}
+}
+
+// settles returns n allows of the settled key k on an estimate of 1, one every gap from start,
+// each settled 10 ms later with actual tokens, of which forgiven were not debited.
+func settles(k *Key, n int, start, gap time.Duration, actual, forgiven int32) []Record {
+	rs := allows(k, n, start, gap)
+	for i := range rs {
+		rs[i].Cost, rs[i].Actual, rs[i].Forgiven, rs[i].Settled = 1, actual, forgiven, true
+		rs[i].SettleSent, rs[i].SettleRecv = rs[i].Recv+ms(10), rs[i].Recv+ms(11)
+	}
+	return rs
+}
+
+// A settled key is checked against C + r·(w + τ) + max_debt, counting what each settle charged
+// (the actual cost less what the bucket forgave) or gave back, and only estimates of settles that
+// were not confirmed.
+func TestAdmissionDebt(t *testing.T) {
+	ks, k := testKeys(t)
+	st := k[KindSettled] // C = 40, r = 20/s, τ = 500 ms, max_debt 40: at most 90 at once, 110 in a second
+	if st.MaxDebt != 40 {
+		t.Fatalf("the settled key's max_debt = %v, want 40", st.MaxDebt)
+	}
+	unconfirmed := settles(st, 30, 0, 0, 10, 0)
+	for i := range unconfirmed {
+		unconfirmed[i].Settled = false
+	}
+	for _, tc := range []struct {
+		name    string
+		records []Record
+		broken  bool
+	}{
+		{"C + r·τ + max_debt at once", settles(st, 18, 0, 0, 5, 0), false},
+		{"a settle beyond it", settles(st, 19, 0, 0, 5, 0), true},
+		{"beyond it, the excess forgiven", settles(st, 19, 0, 0, 5, 1), false},
+		{"unused estimates given back", append(settles(st, 80, 0, 0, 0, 0), settles(st, 80, ms(20), 0, 0, 0)...), false},
+		{"the same estimates never given back", append(allows(st, 80, 0, 0), allows(st, 80, ms(20), 0)...), true},
+		{"unconfirmed settles count their estimate", unconfirmed, false},
+		{"at the rate in actual costs for 5 s", settles(st, 100, 0, ms(50), 1, 0), false},
+		{"twice the rate in actual costs for 5 s", settles(st, 100, 0, ms(50), 2, 0), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := Check(CheckInput{Keys: ks, Records: tc.records})
+			if got := len(violations(res, "admission")) > 0; got != tc.broken {
+				t.Fatalf("admission violated = %v, want %v (%v; fullest window %+v)", got, tc.broken, res.Violations, res.Windows)
+			}
+		})
+	}
+	if vs := checkDebtLevel(DebtLevel{Key: st.Name, Lowest: -40, MaxDebt: 40}); len(vs) != 0 {
+		t.Errorf("a level of −max_debt blamed: %v", vs)
+	}
+	if vs := checkDebtLevel(DebtLevel{Key: st.Name, Lowest: -40.000001, MaxDebt: 40}); len(vs) != 1 {
+		t.Errorf("a level below −max_debt not blamed: %v", vs)
 	}
 }
 

@@ -93,6 +93,7 @@ type Report struct {
 	Growth       []Growth
 	SteadyFrom   time.Duration
 	SteadyTo     time.Duration
+	DebtLevels   []DebtLevel        // the lowest Redis level of each bucket that may go into debt
 	AgentTotals  map[string]float64 // summed over agent processes alive at the end
 	Coordinator  map[string]float64 // summed over coordinators alive at the end
 	Violations   []Violation
@@ -144,6 +145,8 @@ func Run(t testing.TB, o Options) *Report {
 	}
 	sampler := NewSampler(r.s, o.SampleEvery)
 	defer sampler.Stop()
+	debts := watchDebt(r.s, r.load.DebtKeys())
+	defer debts.Stop()
 	r.load.Start()
 	defer r.load.Stop()
 	r.logf("%s: stack up in %v; warm-up %v", o.Name, r.s.Since().Round(time.Millisecond), o.Warmup)
@@ -178,6 +181,8 @@ func Run(t testing.TB, o Options) *Report {
 	r.load.Stop()
 	sampler.Stop()
 	records := r.load.Records()
+	var debtViolations []Violation
+	rep.DebtLevels, debtViolations = debts.Stop()
 
 	rep.AgentTotals, rep.Coordinator = r.stopAll()
 	ledger := r.ledgerFacts()
@@ -186,6 +191,7 @@ func Run(t testing.TB, o Options) *Report {
 	rep.Check = res
 	rep.Growth, rep.Violations = CheckGrowth(sampler.Series(), rep.SteadyFrom, rep.SteadyTo, o.MaxKeys)
 	rep.Violations = append(rep.Violations, res.Violations...)
+	rep.Violations = append(rep.Violations, debtViolations...)
 	rep.Violations = append(rep.Violations, rep.Abuse.Violations...)
 	next := 0 // res.Outages follows the outage steps in order (outages)
 	for i := range rep.Steps {
@@ -456,7 +462,8 @@ func (r *runner) stopAll() (agents, coordinators map[string]float64) {
 var agentTotals = []string{"decisions_total", "degraded_admissions_total", "lease_grants_total", "lease_granted_tokens_total",
 	"lease_returns_total", "lease_returned_tokens_total", "lease_credited_tokens_total", "tokens_lost_total",
 	"lease_expiries_total", "evictions_total", "acquire_calls_total", "acquire_resends_total", "idempotent_replays_total", "invalid_checks_total",
-	"charge_refunds_total", "charge_refunds_lost_total"}
+	"charge_refunds_total", "charge_refunds_lost_total", "settles_total", "debt_tokens_total", "debt_charged_tokens_total",
+	"debt_forgiven_tokens_total", "debt_lost_tokens_total", "settle_credited_tokens_total"}
 
 var coordinatorTotals = []string{"grants_total", "granted_tokens_total", "returns_total", "returned_tokens_total",
 	"replays_total", "store_errors_total", "redis_round_trips_total"}

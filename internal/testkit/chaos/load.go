@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -67,6 +68,14 @@ type Record struct {
 	// Quota: decided by an Envoy-faithful rate_limit_quota filter on the agent
 	// (envoy.service.rate_limit_quota.v3): Sent and Recv are the moment it admitted or denied.
 	Quota bool
+	// A check of the settled rule allowed on its estimate (Cost) and settled with Actual tokens
+	// between SettleSent and SettleRecv; Settled when the agent confirmed the settle's debt
+	// debited, Forgiven tokens of it not (the bucket was at max_debt). Unconfirmed, only the
+	// estimate counts.
+	Actual, Forgiven       int32
+	SettleSent, SettleRecv time.Duration
+	Settled                bool
+	settleID               uint64
 }
 
 // Spends reports whether the record spent tokens of the global bucket: an allow that is neither
@@ -94,6 +103,10 @@ type LoadConfig struct {
 	// and a sixth of the load); 0: none.
 	Multi        float64
 	MultiTenants int
+	// Settled is the checks a second of the settled rule over SettledTenants tenants, each
+	// settled after its response with a heavy-tailed cost; 0: none.
+	Settled        float64
+	SettledTenants int
 	// EnvoyEvery sends every n-th hot, cold, closed and emergency check through Envoy's
 	// ShouldRateLimit instead of Check (0: never).
 	EnvoyEvery int
@@ -131,6 +144,7 @@ type Load struct {
 	tail           []*Key
 	direct         *Key
 	multi          []*Key // the multi route's buckets (their Charges: multi#2 and the budget)
+	settled        []*Key
 	churnSeq       []atomic.Int64
 	filters        []*envoyquota.Filter // per agent, with Quota
 }
@@ -176,6 +190,12 @@ func NewLoad(s *Stack, keys *Keys, cfg LoadConfig, seed uint64) (*Load, error) {
 	for i := range cfg.MultiTenants {
 		l.multi = append(l.multi, add(KindMulti, multiTenant(i), multiPath(0), multiOp()))
 	}
+	for i := range cfg.SettledTenants {
+		l.settled = append(l.settled, add(KindSettled, settledTenant(i), settledPath(0), "GET"))
+	}
+	if err == nil && cfg.Settled > 0 && len(l.settled) == 0 {
+		err = fmt.Errorf("chaos: a settled load of %g/s needs SettledTenants", cfg.Settled)
+	}
 	if err == nil && cfg.Multi > 0 && len(l.multi) == 0 {
 		err = fmt.Errorf("chaos: a multi load of %g/s needs MultiTenants", cfg.Multi)
 	}
@@ -211,7 +231,7 @@ func (l *Load) Start() {
 			rate float64
 		}{{KindHot, l.cfg.Hot}, {KindCold, l.cfg.Cold}, {KindChurn, l.cfg.Churn}, {KindClosed, l.cfg.Closed},
 			{KindEmergency, l.cfg.Emergency}, {KindLedger, l.cfg.Ledger}, {KindQuota, l.cfg.Quota},
-			{KindTail, l.cfg.Tail}, {KindDirect, l.cfg.Direct}, {KindMulti, l.cfg.Multi}} {
+			{KindTail, l.cfg.Tail}, {KindDirect, l.cfg.Direct}, {KindMulti, l.cfg.Multi}, {KindSettled, l.cfg.Settled}} {
 			if w.rate <= 0 {
 				continue
 			}
@@ -279,6 +299,9 @@ func (l *Load) PauseMulti(i int) {
 // ResumeMulti lets agent i's multi checks go on.
 func (l *Load) ResumeMulti(i int) { l.multiGate[i].paused.Store(false) }
 
+// DebtKeys are the buckets the load may take into debt (the settled rule's).
+func (l *Load) DebtKeys() []*Key { return l.settled }
+
 // MultiKeys are the multi route's own buckets, one per tenant: the rule's first limit, a ledger
 // (each Key's Charges are the check's other buckets).
 func (l *Load) MultiKeys() []*Key { return l.multi }
@@ -293,6 +316,7 @@ type request struct {
 	cost   int64 // 0: the rule's
 	idem   string
 	envoy  bool
+	settle bool // the cost is an estimate, settled after the response
 }
 
 func (l *Load) run(ai int, kind Kind, rate float64, rng *rand.Rand, slot int) {
@@ -338,6 +362,9 @@ func (l *Load) run(ai int, kind Kind, rate float64, rng *rand.Rand, slot int) {
 			}
 		}
 		rec := l.send(a, req)
+		if rec.settleID != 0 {
+			l.settle(a, &rec, rng)
+		}
 		local = append(local, rec)
 		if req.idem != "" && rec.Outcome != OutError {
 			retry := l.send(a, req)
@@ -416,6 +443,9 @@ func (l *Load) next(ai int, kind Kind, n int, rng *rand.Rand) request {
 			i++
 		}
 		r.key, r.path, r.op = l.multi[i], multiPath(rng.IntN(1000)), multiOp()
+	case KindSettled:
+		r.key, r.path, r.op = l.settled[rng.IntN(len(l.settled))], settledPath(rng.IntN(1000)), "GET"
+		r.cost, r.settle = 1+rng.Int64N(2), true
 	}
 	if r.key != nil {
 		r.tenant = r.key.Tenant
@@ -450,9 +480,12 @@ func (l *Load) send(a *Agent, req request) Record {
 		envoyOutcome(&rec, resp, err)
 	} else {
 		resp, err := a.Client.Check(ctx, &agentv1.CheckRequest{Tenant: req.tenant, Route: req.path, Operation: req.op,
-			Cost: req.cost, IdempotencyKey: req.idem})
+			Cost: req.cost, IdempotencyKey: req.idem, Settle: req.settle})
 		rec.Recv = l.s.Since()
 		checkOutcome(&rec, resp, err)
+		if rec.Outcome == OutAllow && !rec.Degraded {
+			rec.settleID = resp.GetSettleId()
+		}
 		if err == nil && req.key != nil && len(req.key.Charges) > 0 && rec.Outcome != OutAllow {
 			for i, b := range req.key.Buckets(l.keys) {
 				if b.Rule.Name == resp.Rule {
@@ -538,4 +571,22 @@ func hasHeader(hs []*corev3.HeaderValue, k, v string) bool {
 		}
 	}
 	return false
+}
+
+// settle answers an allowed check of the settled rule after a response time (5..40 ms) with a
+// heavy-tailed actual cost: Pareto with α 1.3 from 1 token, capped at the bucket's capacity plus
+// its max_debt (the most a settle may carry).
+func (l *Load) settle(a *Agent, rec *Record, rng *rand.Rand) {
+	time.Sleep(time.Duration(5+rng.IntN(36)) * time.Millisecond)
+	k := l.keys.List[rec.Key]
+	most := tokensOf(k.Limit.Capacity()) + k.MaxDebt
+	rec.Actual = int32(min(most, math.Floor(1/math.Pow(1-rng.Float64(), 1/1.3))))
+	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
+	defer cancel()
+	rec.SettleSent = l.s.Since()
+	resp, err := a.Client.Settle(ctx, &agentv1.SettleRequest{SettleId: rec.settleID, Cost: int64(rec.Actual)})
+	rec.SettleRecv = l.s.Since()
+	if err == nil && !resp.Pending {
+		rec.Settled, rec.Forgiven = true, int32(resp.Forgiven)
+	}
 }

@@ -44,6 +44,12 @@ import (
 //     burst at the difference of the rates; then the budget binds, until the next fault lets it
 //     refill. Both fail closed with the same Retry-After, so a 503 says the same whichever of
 //     the check's buckets could not be reached.
+//   - settled: costs known after the response. Each check is allowed on an estimate (1 or 2) and
+//     settled, after a response time, with a heavy-tailed actual cost (Pareto, α 1.3, capped at
+//     C + max_debt = 80); extra cost beyond the lease is debt, down to max_debt (40) below zero.
+//     20/s with a burst of 40 (τ = 500 ms), offered about its rate in estimates and several times
+//     it in actual costs: the bucket lives in debt, and the checker holds its charges to
+//     C + r·(w + τ) + max_debt and Redis' level to −max_debt and above.
 const PolicyText = `version: "chaos-2"
 
 operations:
@@ -127,6 +133,14 @@ rules:
       - {limit: 20/second, burst: 10}
     retry_after_on_failure: 3s
 
+  - name: settled
+    description: Costs known after the response; debt down to max_debt below zero.
+    routes: ["/s/{id}"]
+    operations: [read]
+    limit: 20/second
+    burst: 40
+    max_debt: 40
+
   - name: mbudget
     description: A tenant budget over every spend operation, charged with the route's limits.
     scope: tenant
@@ -151,14 +165,15 @@ const (
 	KindClosed
 	KindEmergency
 	KindLedger
-	KindQuota  // requests decided by an Envoy-faithful rate_limit_quota filter on the agent
-	KindTail   // the long tail: a key of thousands, each checked less often than its lease lives
-	KindDirect // the direct-mode rule (lease: off)
-	KindMulti  // the multi rule: three buckets (two limits and a tenant budget) all or nothing
+	KindQuota   // requests decided by an Envoy-faithful rate_limit_quota filter on the agent
+	KindTail    // the long tail: a key of thousands, each checked less often than its lease lives
+	KindDirect  // the direct-mode rule (lease: off)
+	KindMulti   // the multi rule: three buckets (two limits and a tenant budget) all or nothing
+	KindSettled // the settled rule: estimates settled with heavy-tailed costs after the response
 	numKinds
 )
 
-var kindNames = [numKinds]string{"hot", "cold", "churn", "closed", "emergency", "ledger", "quota", "tail", "direct", "multi"}
+var kindNames = [numKinds]string{"hot", "cold", "churn", "closed", "emergency", "ledger", "quota", "tail", "direct", "multi", "settled"}
 
 func (k Kind) String() string {
 	if k < numKinds {
@@ -182,6 +197,8 @@ type Key struct {
 	// admission bound is C + r·w.
 	Tau  time.Duration
 	Cost int64 // the rule's cost
+	// MaxDebt is how far below zero costs settled after the response may take the bucket, tokens.
+	MaxDebt float64
 	// Emergency is the local emergency bucket of an emergency rule, nil otherwise.
 	Emergency *bucket.Limit
 	// Charges are the other buckets (indexes in Keys) a check of this key charges with it, all
@@ -251,7 +268,7 @@ func (ks *Keys) add(kind Kind, tenant, path, op string, r policy.Route, cost int
 		return nil, false, err
 	}
 	k = &Key{ID: len(ks.List), Kind: kind, Tenant: tenant, Path: path, Op: op, Name: name, Rule: r.Rule,
-		Limit: lim.Bucket, Tau: lease.TTL(lim.Bucket), Cost: cost}
+		Limit: lim.Bucket, Tau: lease.TTL(lim.Bucket), Cost: cost, MaxDebt: tokensOf(lim.MaxDebt)}
 	if r.Rule.Direct {
 		k.Tau = 0
 	}
@@ -280,6 +297,8 @@ func directPath(id int) string        { return fmt.Sprintf("/d/%d", id) }
 func multiTenant(i int) string        { return fmt.Sprintf("mt-%d", i) }
 func multiPath(id int) string         { return fmt.Sprintf("/m/%d", id) }
 func multiOp() string                 { return "transfer" }
+func settledTenant(i int) string      { return fmt.Sprintf("st-%d", i) }
+func settledPath(id int) string       { return fmt.Sprintf("/s/%d", id) }
 func bystanderTenant() string         { return "bystander" }
 func abuseTenant(i int) string        { return fmt.Sprintf("abuse-%d", i) }
 func coldPath(id int) string          { return fmt.Sprintf("/cold/%d", id) }

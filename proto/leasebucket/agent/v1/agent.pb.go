@@ -89,8 +89,11 @@ type CheckRequest struct {
 	// Optional: a repeat of the same key on the same bucket within the agent's window gets the first
 	// decision and is not charged again.
 	IdempotencyKey string `protobuf:"bytes,5,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The cost is an estimate, to be settled with the actual cost once the response is done: an
+	// allowed check's answer carries a settle_id for Settle.
+	Settle        bool `protobuf:"varint,6,opt,name=settle,proto3" json:"settle,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckRequest) Reset() {
@@ -158,6 +161,13 @@ func (x *CheckRequest) GetIdempotencyKey() string {
 	return ""
 }
 
+func (x *CheckRequest) GetSettle() bool {
+	if x != nil {
+		return x.Settle
+	}
+	return false
+}
+
 type CheckResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Decision Decision               `protobuf:"varint,1,opt,name=decision,proto3,enum=leasebucket.agent.v1.Decision" json:"decision,omitempty"`
@@ -179,7 +189,10 @@ type CheckResponse struct {
 	// The rule is in shadow mode and would have denied; the decision is ALLOW.
 	ShadowDeny bool `protobuf:"varint,9,opt,name=shadow_deny,json=shadowDeny,proto3" json:"shadow_deny,omitempty"`
 	// An idempotent repeat answered with the first decision, not charged again.
-	Replayed      bool `protobuf:"varint,10,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	Replayed bool `protobuf:"varint,10,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	// For an allowed check with settle set: the id to pass to Settle (0 otherwise). It is valid on
+	// this agent for its settle window.
+	SettleId      uint64 `protobuf:"varint,11,opt,name=settle_id,json=settleId,proto3" json:"settle_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -282,6 +295,13 @@ func (x *CheckResponse) GetReplayed() bool {
 		return x.Replayed
 	}
 	return false
+}
+
+func (x *CheckResponse) GetSettleId() uint64 {
+	if x != nil {
+		return x.SettleId
+	}
+	return 0
 }
 
 type CheckBatchRequest struct {
@@ -496,17 +516,157 @@ func (x *CheckStreamResponse) GetErrors() []string {
 	return nil
 }
 
+type SettleRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The settle_id of the allowed check.
+	SettleId uint64 `protobuf:"varint,1,opt,name=settle_id,json=settleId,proto3" json:"settle_id,omitempty"`
+	// The actual cost in tokens (0 or more): the estimate is replaced by it.
+	Cost          int64 `protobuf:"varint,2,opt,name=cost,proto3" json:"cost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleRequest) Reset() {
+	*x = SettleRequest{}
+	mi := &file_leasebucket_agent_v1_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleRequest) ProtoMessage() {}
+
+func (x *SettleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasebucket_agent_v1_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleRequest.ProtoReflect.Descriptor instead.
+func (*SettleRequest) Descriptor() ([]byte, []int) {
+	return file_leasebucket_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *SettleRequest) GetSettleId() uint64 {
+	if x != nil {
+		return x.SettleId
+	}
+	return 0
+}
+
+func (x *SettleRequest) GetCost() int64 {
+	if x != nil {
+		return x.Cost
+	}
+	return 0
+}
+
+type SettleResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Tokens beyond the estimate charged: spent from leases or debited from the global bucket.
+	Charged int64 `protobuf:"varint,1,opt,name=charged,proto3" json:"charged,omitempty"`
+	// Tokens of the estimate not used, given back.
+	Credited int64 `protobuf:"varint,2,opt,name=credited,proto3" json:"credited,omitempty"`
+	// Of charged: tokens no lease held, sent to the global bucket as debt. Debt beyond the rule's
+	// max_debt is forgiven (the agent counts it in its metrics).
+	Debt int64 `protobuf:"varint,3,opt,name=debt,proto3" json:"debt,omitempty"`
+	// Of debt: tokens the global bucket did not debit because it was at its max_debt below zero
+	// (the most of any bucket the check charged), rounded up.
+	Forgiven int64 `protobuf:"varint,4,opt,name=forgiven,proto3" json:"forgiven,omitempty"`
+	// The debt was sent, and its debit was not confirmed within the agent's wait bound (the
+	// coordinator or the store is slow or unreachable): it is retried with the key's calls, and
+	// forgiven is not known.
+	Pending       bool `protobuf:"varint,5,opt,name=pending,proto3" json:"pending,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleResponse) Reset() {
+	*x = SettleResponse{}
+	mi := &file_leasebucket_agent_v1_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleResponse) ProtoMessage() {}
+
+func (x *SettleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasebucket_agent_v1_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleResponse.ProtoReflect.Descriptor instead.
+func (*SettleResponse) Descriptor() ([]byte, []int) {
+	return file_leasebucket_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *SettleResponse) GetCharged() int64 {
+	if x != nil {
+		return x.Charged
+	}
+	return 0
+}
+
+func (x *SettleResponse) GetCredited() int64 {
+	if x != nil {
+		return x.Credited
+	}
+	return 0
+}
+
+func (x *SettleResponse) GetDebt() int64 {
+	if x != nil {
+		return x.Debt
+	}
+	return 0
+}
+
+func (x *SettleResponse) GetForgiven() int64 {
+	if x != nil {
+		return x.Forgiven
+	}
+	return 0
+}
+
+func (x *SettleResponse) GetPending() bool {
+	if x != nil {
+		return x.Pending
+	}
+	return false
+}
+
 var File_leasebucket_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_leasebucket_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	" leasebucket/agent/v1/agent.proto\x12\x14leasebucket.agent.v1\"\x97\x01\n" +
+	" leasebucket/agent/v1/agent.proto\x12\x14leasebucket.agent.v1\"\xaf\x01\n" +
 	"\fCheckRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
 	"\x05route\x18\x02 \x01(\tR\x05route\x12\x1c\n" +
 	"\toperation\x18\x03 \x01(\tR\toperation\x12\x12\n" +
 	"\x04cost\x18\x04 \x01(\x03R\x04cost\x12'\n" +
-	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\"\xca\x02\n" +
+	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\x12\x16\n" +
+	"\x06settle\x18\x06 \x01(\bR\x06settle\"\xe7\x02\n" +
 	"\rCheckResponse\x12:\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x1e.leasebucket.agent.v1.DecisionR\bdecision\x12\x1a\n" +
 	"\bdegraded\x18\x02 \x01(\bR\bdegraded\x12$\n" +
@@ -519,7 +679,8 @@ const file_leasebucket_agent_v1_agent_proto_rawDesc = "" +
 	"\vshadow_deny\x18\t \x01(\bR\n" +
 	"shadowDeny\x12\x1a\n" +
 	"\breplayed\x18\n" +
-	" \x01(\bR\breplayed\"O\n" +
+	" \x01(\bR\breplayed\x12\x1b\n" +
+	"\tsettle_id\x18\v \x01(\x04R\bsettleId\"O\n" +
 	"\x11CheckBatchRequest\x12:\n" +
 	"\x06checks\x18\x01 \x03(\v2\".leasebucket.agent.v1.CheckRequestR\x06checks\"k\n" +
 	"\x12CheckBatchResponse\x12=\n" +
@@ -531,17 +692,27 @@ const file_leasebucket_agent_v1_agent_proto_rawDesc = "" +
 	"\x13CheckStreamResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12=\n" +
 	"\aresults\x18\x02 \x03(\v2#.leasebucket.agent.v1.CheckResponseR\aresults\x12\x16\n" +
-	"\x06errors\x18\x03 \x03(\tR\x06errors*e\n" +
+	"\x06errors\x18\x03 \x03(\tR\x06errors\"@\n" +
+	"\rSettleRequest\x12\x1b\n" +
+	"\tsettle_id\x18\x01 \x01(\x04R\bsettleId\x12\x12\n" +
+	"\x04cost\x18\x02 \x01(\x03R\x04cost\"\x90\x01\n" +
+	"\x0eSettleResponse\x12\x18\n" +
+	"\acharged\x18\x01 \x01(\x03R\acharged\x12\x1a\n" +
+	"\bcredited\x18\x02 \x01(\x03R\bcredited\x12\x12\n" +
+	"\x04debt\x18\x03 \x01(\x03R\x04debt\x12\x1a\n" +
+	"\bforgiven\x18\x04 \x01(\x03R\bforgiven\x12\x18\n" +
+	"\apending\x18\x05 \x01(\bR\apending*e\n" +
 	"\bDecision\x12\x18\n" +
 	"\x14DECISION_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eDECISION_ALLOW\x10\x01\x12\x11\n" +
 	"\rDECISION_DENY\x10\x02\x12\x18\n" +
-	"\x14DECISION_UNAVAILABLE\x10\x032\xa9\x02\n" +
+	"\x14DECISION_UNAVAILABLE\x10\x032\xfe\x02\n" +
 	"\fAgentService\x12P\n" +
 	"\x05Check\x12\".leasebucket.agent.v1.CheckRequest\x1a#.leasebucket.agent.v1.CheckResponse\x12_\n" +
 	"\n" +
 	"CheckBatch\x12'.leasebucket.agent.v1.CheckBatchRequest\x1a(.leasebucket.agent.v1.CheckBatchResponse\x12f\n" +
-	"\vCheckStream\x12(.leasebucket.agent.v1.CheckStreamRequest\x1a).leasebucket.agent.v1.CheckStreamResponse(\x010\x01BGZEgithub.com/leasebucket/leasebucket/proto/leasebucket/agent/v1;agentv1b\x06proto3"
+	"\vCheckStream\x12(.leasebucket.agent.v1.CheckStreamRequest\x1a).leasebucket.agent.v1.CheckStreamResponse(\x010\x01\x12S\n" +
+	"\x06Settle\x12#.leasebucket.agent.v1.SettleRequest\x1a$.leasebucket.agent.v1.SettleResponseBGZEgithub.com/leasebucket/leasebucket/proto/leasebucket/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_leasebucket_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -556,7 +727,7 @@ func file_leasebucket_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_leasebucket_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_leasebucket_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_leasebucket_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_leasebucket_agent_v1_agent_proto_goTypes = []any{
 	(Decision)(0),               // 0: leasebucket.agent.v1.Decision
 	(*CheckRequest)(nil),        // 1: leasebucket.agent.v1.CheckRequest
@@ -565,6 +736,8 @@ var file_leasebucket_agent_v1_agent_proto_goTypes = []any{
 	(*CheckBatchResponse)(nil),  // 4: leasebucket.agent.v1.CheckBatchResponse
 	(*CheckStreamRequest)(nil),  // 5: leasebucket.agent.v1.CheckStreamRequest
 	(*CheckStreamResponse)(nil), // 6: leasebucket.agent.v1.CheckStreamResponse
+	(*SettleRequest)(nil),       // 7: leasebucket.agent.v1.SettleRequest
+	(*SettleResponse)(nil),      // 8: leasebucket.agent.v1.SettleResponse
 }
 var file_leasebucket_agent_v1_agent_proto_depIdxs = []int32{
 	0, // 0: leasebucket.agent.v1.CheckResponse.decision:type_name -> leasebucket.agent.v1.Decision
@@ -575,11 +748,13 @@ var file_leasebucket_agent_v1_agent_proto_depIdxs = []int32{
 	1, // 5: leasebucket.agent.v1.AgentService.Check:input_type -> leasebucket.agent.v1.CheckRequest
 	3, // 6: leasebucket.agent.v1.AgentService.CheckBatch:input_type -> leasebucket.agent.v1.CheckBatchRequest
 	5, // 7: leasebucket.agent.v1.AgentService.CheckStream:input_type -> leasebucket.agent.v1.CheckStreamRequest
-	2, // 8: leasebucket.agent.v1.AgentService.Check:output_type -> leasebucket.agent.v1.CheckResponse
-	4, // 9: leasebucket.agent.v1.AgentService.CheckBatch:output_type -> leasebucket.agent.v1.CheckBatchResponse
-	6, // 10: leasebucket.agent.v1.AgentService.CheckStream:output_type -> leasebucket.agent.v1.CheckStreamResponse
-	8, // [8:11] is the sub-list for method output_type
-	5, // [5:8] is the sub-list for method input_type
+	7, // 8: leasebucket.agent.v1.AgentService.Settle:input_type -> leasebucket.agent.v1.SettleRequest
+	2, // 9: leasebucket.agent.v1.AgentService.Check:output_type -> leasebucket.agent.v1.CheckResponse
+	4, // 10: leasebucket.agent.v1.AgentService.CheckBatch:output_type -> leasebucket.agent.v1.CheckBatchResponse
+	6, // 11: leasebucket.agent.v1.AgentService.CheckStream:output_type -> leasebucket.agent.v1.CheckStreamResponse
+	8, // 12: leasebucket.agent.v1.AgentService.Settle:output_type -> leasebucket.agent.v1.SettleResponse
+	9, // [9:13] is the sub-list for method output_type
+	5, // [5:9] is the sub-list for method input_type
 	5, // [5:5] is the sub-list for extension type_name
 	5, // [5:5] is the sub-list for extension extendee
 	0, // [0:5] is the sub-list for field type_name
@@ -596,7 +771,7 @@ func file_leasebucket_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasebucket_agent_v1_agent_proto_rawDesc), len(file_leasebucket_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   6,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,6 +22,7 @@ const (
 	AgentService_Check_FullMethodName       = "/leasebucket.agent.v1.AgentService/Check"
 	AgentService_CheckBatch_FullMethodName  = "/leasebucket.agent.v1.AgentService/CheckBatch"
 	AgentService_CheckStream_FullMethodName = "/leasebucket.agent.v1.AgentService/CheckStream"
+	AgentService_Settle_FullMethodName      = "/leasebucket.agent.v1.AgentService/Settle"
 )
 
 // AgentServiceClient is the client API for AgentService service.
@@ -43,6 +44,14 @@ type AgentServiceClient interface {
 	// batch it answers; batches may be answered out of order. Flow control is gRPC's: a caller that
 	// does not read responses stops being read.
 	CheckStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[CheckStreamRequest, CheckStreamResponse], error)
+	// Settle charges the actual cost of a request allowed with settle set, once its response is
+	// done: beyond the estimate it is spent from the agent's leases, the rest debited from the
+	// global bucket as debt (down to the rule's max_debt below zero); an unused estimate is credited
+	// back. NOT_FOUND for a settle_id this agent does not hold (unknown, expired or already
+	// settled); INVALID_ARGUMENT for a negative cost or one above the bucket's capacity plus its
+	// max_debt. The answer comes once the global bucket debited the debt (or within the agent's
+	// wait bound, pending).
+	Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error)
 }
 
 type agentServiceClient struct {
@@ -86,6 +95,16 @@ func (c *agentServiceClient) CheckStream(ctx context.Context, opts ...grpc.CallO
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_CheckStreamClient = grpc.BidiStreamingClient[CheckStreamRequest, CheckStreamResponse]
 
+func (c *agentServiceClient) Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SettleResponse)
+	err := c.cc.Invoke(ctx, AgentService_Settle_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServiceServer is the server API for AgentService service.
 // All implementations must embed UnimplementedAgentServiceServer
 // for forward compatibility.
@@ -105,6 +124,14 @@ type AgentServiceServer interface {
 	// batch it answers; batches may be answered out of order. Flow control is gRPC's: a caller that
 	// does not read responses stops being read.
 	CheckStream(grpc.BidiStreamingServer[CheckStreamRequest, CheckStreamResponse]) error
+	// Settle charges the actual cost of a request allowed with settle set, once its response is
+	// done: beyond the estimate it is spent from the agent's leases, the rest debited from the
+	// global bucket as debt (down to the rule's max_debt below zero); an unused estimate is credited
+	// back. NOT_FOUND for a settle_id this agent does not hold (unknown, expired or already
+	// settled); INVALID_ARGUMENT for a negative cost or one above the bucket's capacity plus its
+	// max_debt. The answer comes once the global bucket debited the debt (or within the agent's
+	// wait bound, pending).
+	Settle(context.Context, *SettleRequest) (*SettleResponse, error)
 	mustEmbedUnimplementedAgentServiceServer()
 }
 
@@ -123,6 +150,9 @@ func (UnimplementedAgentServiceServer) CheckBatch(context.Context, *CheckBatchRe
 }
 func (UnimplementedAgentServiceServer) CheckStream(grpc.BidiStreamingServer[CheckStreamRequest, CheckStreamResponse]) error {
 	return status.Error(codes.Unimplemented, "method CheckStream not implemented")
+}
+func (UnimplementedAgentServiceServer) Settle(context.Context, *SettleRequest) (*SettleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Settle not implemented")
 }
 func (UnimplementedAgentServiceServer) mustEmbedUnimplementedAgentServiceServer() {}
 func (UnimplementedAgentServiceServer) testEmbeddedByValue()                      {}
@@ -188,6 +218,24 @@ func _AgentService_CheckStream_Handler(srv interface{}, stream grpc.ServerStream
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_CheckStreamServer = grpc.BidiStreamingServer[CheckStreamRequest, CheckStreamResponse]
 
+func _AgentService_Settle_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SettleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).Settle(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_Settle_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).Settle(ctx, req.(*SettleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AgentService_ServiceDesc is the grpc.ServiceDesc for AgentService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -202,6 +250,10 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CheckBatch",
 			Handler:    _AgentService_CheckBatch_Handler,
+		},
+		{
+			MethodName: "Settle",
+			Handler:    _AgentService_Settle_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -268,8 +268,13 @@ type AcquireItem struct {
 	ReturnMicro int64 `protobuf:"varint,5,opt,name=return_micro,json=returnMicro,proto3" json:"return_micro,omitempty"`
 	// granted_at_ms of the lease handed back.
 	ReturnGrantedAtMs int64 `protobuf:"varint,6,opt,name=return_granted_at_ms,json=returnGrantedAtMs,proto3" json:"return_granted_at_ms,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Field 7: reserved for the other buckets of an all-or-nothing take.
+	// Cost charged after the fact (settled beyond an estimate), in microtokens: debited before the
+	// take even below zero, down to the rule's max_debt below zero (the rest is forgiven). An item
+	// with needed_micro and min_micro 0 and a debt only charges the debt.
+	DebtMicro     int64 `protobuf:"varint,8,opt,name=debt_micro,json=debtMicro,proto3" json:"debt_micro,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AcquireItem) Reset() {
@@ -344,6 +349,13 @@ func (x *AcquireItem) GetReturnGrantedAtMs() int64 {
 	return 0
 }
 
+func (x *AcquireItem) GetDebtMicro() int64 {
+	if x != nil {
+		return x.DebtMicro
+	}
+	return 0
+}
+
 type AcquireResult struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Status Status                 `protobuf:"varint,1,opt,name=status,proto3,enum=leasebucket.coordinator.v1.Status" json:"status,omitempty"`
@@ -364,9 +376,13 @@ type AcquireResult struct {
 	// When the bucket could not cover the item (agents compete for it): milliseconds the agent
 	// waits before it asks for this key again, until its share of the refill covers what it got
 	// (or, denied, needs); 0 otherwise (docs/leases.md, "Many agents on one key").
-	PaceMs        int64 `protobuf:"varint,10,opt,name=pace_ms,json=paceMs,proto3" json:"pace_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PaceMs int64 `protobuf:"varint,10,opt,name=pace_ms,json=paceMs,proto3" json:"pace_ms,omitempty"`
+	// Field 11: reserved for the all-or-nothing take.
+	// Microtokens of the item's debt_micro debited (the rest was forgiven: the bucket was at its
+	// max_debt).
+	DebtChargedMicro int64 `protobuf:"varint,12,opt,name=debt_charged_micro,json=debtChargedMicro,proto3" json:"debt_charged_micro,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *AcquireResult) Reset() {
@@ -458,6 +474,13 @@ func (x *AcquireResult) GetCreditedMicro() int64 {
 func (x *AcquireResult) GetPaceMs() int64 {
 	if x != nil {
 		return x.PaceMs
+	}
+	return 0
+}
+
+func (x *AcquireResult) GetDebtChargedMicro() int64 {
+	if x != nil {
+		return x.DebtChargedMicro
 	}
 	return 0
 }
@@ -767,14 +790,16 @@ const file_leasebucket_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12%\n" +
 	"\x0epolicy_version\x18\x03 \x01(\tR\rpolicyVersion\x12=\n" +
 	"\x05items\x18\x04 \x03(\v2'.leasebucket.coordinator.v1.AcquireItemR\x05items\x12@\n" +
-	"\areturns\x18\x05 \x03(\v2&.leasebucket.coordinator.v1.ReturnItemR\areturns\"\x97\x02\n" +
+	"\areturns\x18\x05 \x03(\v2&.leasebucket.coordinator.v1.ReturnItemR\areturns\"\xb6\x02\n" +
 	"\vAcquireItem\x12=\n" +
 	"\x06bucket\x18\x01 \x01(\v2%.leasebucket.coordinator.v1.BucketRefR\x06bucket\x12!\n" +
 	"\fneeded_micro\x18\x02 \x01(\x03R\vneededMicro\x12\x1b\n" +
 	"\tmin_micro\x18\x03 \x01(\x03R\bminMicro\x125\n" +
 	"\x17demand_micro_per_second\x18\x04 \x01(\x03R\x14demandMicroPerSecond\x12!\n" +
 	"\freturn_micro\x18\x05 \x01(\x03R\vreturnMicro\x12/\n" +
-	"\x14return_granted_at_ms\x18\x06 \x01(\x03R\x11returnGrantedAtMs\"\xe4\x02\n" +
+	"\x14return_granted_at_ms\x18\x06 \x01(\x03R\x11returnGrantedAtMs\x12\x1d\n" +
+	"\n" +
+	"debt_micro\x18\b \x01(\x03R\tdebtMicro\"\x92\x03\n" +
 	"\rAcquireResult\x12:\n" +
 	"\x06status\x18\x01 \x01(\x0e2\".leasebucket.coordinator.v1.StatusR\x06status\x12#\n" +
 	"\rgranted_micro\x18\x02 \x01(\x03R\fgrantedMicro\x12\x15\n" +
@@ -785,7 +810,8 @@ const file_leasebucket_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\breplayed\x18\b \x01(\bR\breplayed\x12%\n" +
 	"\x0ecredited_micro\x18\t \x01(\x03R\rcreditedMicro\x12\x17\n" +
 	"\apace_ms\x18\n" +
-	" \x01(\x03R\x06paceMsJ\x04\b\a\x10\bR\x06scarce\"\x9a\x01\n" +
+	" \x01(\x03R\x06paceMs\x12,\n" +
+	"\x12debt_charged_micro\x18\f \x01(\x03R\x10debtChargedMicroJ\x04\b\a\x10\bR\x06scarce\"\x9a\x01\n" +
 	"\x0fAcquireResponse\x12C\n" +
 	"\aresults\x18\x01 \x03(\v2).leasebucket.coordinator.v1.AcquireResultR\aresults\x12B\n" +
 	"\areturns\x18\x02 \x03(\v2(.leasebucket.coordinator.v1.ReturnResultR\areturns\"\xa1\x01\n" +
