@@ -212,16 +212,25 @@ func (l *Limiter) Check(now clock.Nanos, q Query) (Verdict, error) {
 	if err := l.resolveInto(v, q, &res); err != nil {
 		return Verdict{}, err
 	}
-	// The common case in this frame: a known key of one bucket whose lease serves the check (a
-	// route that charges several buckets goes through check, all or nothing). This is serve
-	// written out, since the compiler does not inline it (cost 170, budget 80), and the call and
-	// the copy of its verdict were a fifth of an in-process check (BenchmarkCheck 59 → 49 ns).
-	if e := res.e; e != nil && !res.charges && !res.settle && e.touched.Load() {
-		if left, ok := e.spend(now, res.cost); ok {
-			if left < e.lowWater.Load() && !e.refilling.Load() {
-				l.prefetch(e)
+	// The common case in this frame: a known key of one bucket whose lease serves the check, or
+	// of several buckets whose leases all serve it (spendLinked; otherwise check decides, all or
+	// nothing). The first is serve written out, since the compiler does not inline it (cost 170,
+	// budget 80), and the call and the copy of its verdict were a fifth of an in-process check
+	// (BenchmarkCheck 59 → 49 ns); the second saves the same frames (callgrind: 1138 → 1030
+	// instructions per check of two limits, against 915 for one).
+	if e := res.e; e != nil && !res.settle && e.touched.Load() {
+		if !res.charges {
+			if left, ok := e.spend(now, res.cost); ok {
+				if left < e.lowWater.Load() && !e.refilling.Load() {
+					l.prefetch(e)
+				}
+				return Verdict{Outcome: Allow, Remaining: bucket.Micro(left + e.remaining.Load()), Rule: e.rule, Limits: e.lim}, nil
 			}
-			return Verdict{Outcome: Allow, Remaining: bucket.Micro(left + e.remaining.Load()), Rule: e.rule, Limits: e.lim}, nil
+		} else if ln := e.links.Load(); ln != nil {
+			// A check of several buckets whose leases all serve, in this frame too.
+			if least, left, ok := l.spendLinked(now, e, ln, res.cost); ok {
+				return Verdict{Outcome: Allow, Remaining: bucket.Micro(left), Rule: least.rule, Limits: least.lim}, nil
+			}
 		}
 	}
 	return l.check(now, &res, q.Tenant), nil
