@@ -58,6 +58,11 @@ func (l *Limiter) checkCharges(now clock.Nanos, res *resolved, tenant string) Ve
 			}
 		}
 	}
+	return l.checkChargesAll(now, res, tenant)
+}
+
+// checkChargesAll is checkCharges once its leases cannot all serve (spendAll decides).
+func (l *Limiter) checkChargesAll(now clock.Nanos, res *resolved, tenant string) Verdict {
 	var cs [policy.MaxCharges + 1]charge
 	n := l.chargeEntries(res, tenant, &cs)
 	v, _ := l.spendAll(now, cs[:n])

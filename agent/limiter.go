@@ -231,6 +231,9 @@ func (l *Limiter) Check(now clock.Nanos, q Query) (Verdict, error) {
 			if least, left, ok := l.spendLinked(now, e, ln, res.cost); ok {
 				return Verdict{Outcome: Allow, Remaining: bucket.Micro(left), Rule: least.rule, Limits: least.lim}, nil
 			}
+			if !e.rule.Direct {
+				return l.checkChargesAll(now, &res, q.Tenant), nil
+			}
 		}
 	}
 	return l.check(now, &res, q.Tenant), nil
