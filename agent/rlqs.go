@@ -62,6 +62,14 @@ const (
 	// quotaRetryFloor is the soonest a refused or failing bucket is asked about again.
 	quotaRetryFloor = 100 * time.Millisecond
 
+	// quotaSlot is the grid a stream's buckets are looked at on: the buckets due within one slot
+	// are refreshed together and their actions leave in one response, so a stream of a thousand
+	// buckets writes a few dozen responses a second instead of one a bucket (each a write and a
+	// wakeup of the stream's goroutine). An assignment's refresh moves to the slot before it
+	// (never later: the refresh lead stays whole), a retry to the slot after it (never sooner than
+	// asked). A quarter of the refresh lead: an assignment is refreshed at most that much sooner.
+	quotaSlot = quotaRefreshLead / 4
+
 	// quotaInvalidTTL is the life of the DENY_ALL assignment of a bucket the agent cannot map (it
 	// is mapped again when it runs out, in case the policy changed).
 	quotaInvalidTTL = time.Minute
@@ -222,7 +230,7 @@ func (st *quotaStream) run() error {
 		}
 		wait := time.Hour
 		if len(st.due) > 0 {
-			wait = max(0, (st.due[0].dueAt - st.s.clk.Now()).Duration())
+			wait = max(0, (st.due[0].at - st.s.clk.Now()).Duration())
 		}
 		timer.Reset(wait)
 	}
@@ -375,14 +383,28 @@ func (st *quotaStream) action(b *quotaBucket, a *rlqsv3.RateLimitQuotaResponse_B
 	st.actions = append(st.actions, a)
 }
 
-// schedule sets when b is next looked at (at most one time per bucket).
+// schedule sets when b is next looked at (at most one time per bucket): at, or the end of its
+// slot (never sooner).
 func (st *quotaStream) schedule(b *quotaBucket, at clock.Nanos) {
-	b.dueAt = at
+	st.setDue(b, at+(clock.Of(quotaSlot)-at%clock.Of(quotaSlot))%clock.Of(quotaSlot))
+}
+
+// scheduleBy sets b to be looked at by at: at the start of at's slot (never later), or at itself
+// if that slot has begun by now.
+func (st *quotaStream) scheduleBy(b *quotaBucket, now, at clock.Nanos) {
+	if s := at - at%clock.Of(quotaSlot); s > now {
+		at = s
+	}
+	st.setDue(b, at)
+}
+
+func (st *quotaStream) setDue(b *quotaBucket, at clock.Nanos) {
 	if b.index >= 0 {
+		st.due[b.index].at = at
 		heap.Fix(&st.due, b.index)
 		return
 	}
-	heap.Push(&st.due, b)
+	heap.Push(&st.due, dueEntry{at: at, b: b})
 }
 
 func (st *quotaStream) unschedule(b *quotaBucket) {
@@ -394,8 +416,8 @@ func (st *quotaStream) unschedule(b *quotaBucket) {
 // onDue looks at every bucket whose time came.
 func (st *quotaStream) onDue() {
 	now := st.s.now()
-	for len(st.due) > 0 && st.due[0].dueAt <= now {
-		b := heap.Pop(&st.due).(*quotaBucket)
+	for len(st.due) > 0 && st.due[0].at <= now {
+		b := heap.Pop(&st.due).(dueEntry).b
 		st.refresh(now, b, false)
 	}
 }
@@ -442,25 +464,31 @@ func (st *quotaStream) onReady(b *quotaBucket) {
 	st.decided(now, b, r, v)
 }
 
-// dueHeap orders buckets by when they are next looked at.
-type dueHeap []*quotaBucket
+// dueHeap orders buckets by when they are next looked at. An entry holds its time, so that
+// ordering reads the heap's array only.
+type dueHeap []dueEntry
+
+type dueEntry struct {
+	at clock.Nanos
+	b  *quotaBucket
+}
 
 func (h dueHeap) Len() int           { return len(h) }
-func (h dueHeap) Less(i, j int) bool { return h[i].dueAt < h[j].dueAt }
+func (h dueHeap) Less(i, j int) bool { return h[i].at < h[j].at }
 func (h dueHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].index, h[j].index = i, j
+	h[i].b.index, h[j].b.index = i, j
 }
 func (h *dueHeap) Push(x any) {
-	b := x.(*quotaBucket)
-	b.index = len(*h)
-	*h = append(*h, b)
+	e := x.(dueEntry)
+	e.b.index = len(*h)
+	*h = append(*h, e)
 }
 func (h *dueHeap) Pop() any {
 	old := *h
-	b := old[len(old)-1]
-	old[len(old)-1] = nil
-	b.index = -1
+	e := old[len(old)-1]
+	old[len(old)-1] = dueEntry{}
+	e.b.index = -1
 	*h = old[:len(old)-1]
-	return b
+	return e
 }

@@ -47,7 +47,6 @@ type quotaBucket struct {
 	ticket *Ticket            // a reservation waiting for a refill
 	ask    ReserveAsk         // what the reservation asked for
 
-	dueAt clock.Nanos
 	index int // in the stream's dueHeap; -1 when not scheduled
 }
 
@@ -286,7 +285,7 @@ func (st *quotaStream) assign(b *quotaBucket, r Reservation) {
 		FillInterval:  durationpb.New(time.Second),
 	}}}))
 	lead := min(quotaRefreshLead, ttl/2)
-	st.schedule(b, now+clock.Of(ttl-lead))
+	st.scheduleBy(b, now, now+clock.Of(ttl-lead))
 }
 
 // refused answers a key the global bucket refuses: DENY_ALL until it may allow again (a little
@@ -335,7 +334,7 @@ func (st *quotaStream) keepCurrent(now clock.Nanos, b *quotaBucket) bool {
 	}
 	end := b.cur.sentAt + clock.Of(b.cur.ttl)
 	if end-now > clock.Of(quotaRefreshLead) {
-		st.schedule(b, end-clock.Of(min(quotaRefreshLead, b.cur.ttl/2)))
+		st.scheduleBy(b, now, end-clock.Of(min(quotaRefreshLead, b.cur.ttl/2)))
 		return true
 	}
 	return false
@@ -356,7 +355,7 @@ func (st *quotaStream) allowAll(now clock.Nanos, b *quotaBucket) {
 	b.state = quotaAllowAll
 	st.s.metrics.quota().assigned("allow_all")
 	st.action(b, assignment(quotaAllowTTL, blanket(typev3.RateLimitStrategy_ALLOW_ALL)))
-	st.schedule(b, now+clock.Of(quotaAllowTTL-quotaRefreshLead))
+	st.scheduleBy(b, now, now+clock.Of(quotaAllowTTL-quotaRefreshLead))
 }
 
 // invalid answers a bucket that maps to no key: DENY_ALL (the request is refused, as Envoy's RLS
@@ -373,7 +372,7 @@ func (st *quotaStream) invalid(now clock.Nanos, b *quotaBucket, err error) {
 	b.err = err
 	st.qs.observe(b, "", -1)
 	st.denyAll(now, b, quotaInvalidTTL)
-	st.schedule(b, now+clock.Of(quotaInvalidTTL-quotaRefreshLead))
+	st.scheduleBy(b, now, now+clock.Of(quotaInvalidTTL-quotaRefreshLead))
 }
 
 // abandon tells Envoy to forget b, idle for the stream's idle time: its assignments are settled
