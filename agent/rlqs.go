@@ -177,7 +177,12 @@ type quotaStream struct {
 	due     dueHeap
 	actions []*rlqsv3.RateLimitQuotaResponse_BucketAction // to send when the event is handled
 	warned  bool                                          // an unmappable bucket was logged
-	sigs    []string                                      // the usages' bucketSig, from validate to onReports
+
+	// From validate to onReports, one per usage: its bucket if the stream holds it, else its
+	// bucketSig. sigBuf is where validate builds a signature to look it up.
+	found  []*quotaBucket
+	sigs   []string
+	sigBuf []byte
 
 	ready chan *quotaBucket // a reservation's wait ended
 	done  chan struct{}     // closed when run ends: waiters give up
@@ -268,15 +273,21 @@ func (st *quotaStream) onReports(m *rlqsv3.RateLimitQuotaUsageReports) error {
 	}
 	now := st.s.now()
 	for i, u := range m.BucketQuotaUsages {
-		sig := st.sigs[i]
-		b := st.buckets[sig]
-		if b == nil {
-			b = &quotaBucket{sig: sig, id: u.BucketId, activeAt: now, index: -1}
-			st.buckets[sig] = b
-			st.s.metrics.quota().bucket(1)
+		b := st.found[i]
+		if b == nil || b.gone { // new, or abandoned by an earlier usage of this message
+			sig := st.sigs[i]
+			if b != nil {
+				sig = b.sig
+			}
+			if b = st.buckets[sig]; b == nil {
+				b = &quotaBucket{sig: sig, id: u.BucketId, activeAt: now, index: -1}
+				st.buckets[sig] = b
+				st.s.metrics.quota().bucket(1)
+			}
 		}
 		st.report(now, b, u)
 	}
+	clear(st.found)
 	return nil
 }
 
@@ -298,8 +309,8 @@ func (st *quotaStream) validate(set *policy.Set, m *rlqsv3.RateLimitQuotaUsageRe
 	if st.domain == "" {
 		st.domain = m.Domain
 	}
-	added := map[string]bool{}
-	st.sigs = st.sigs[:0]
+	var added map[string]bool // the new buckets' signatures
+	st.found, st.sigs = st.found[:0], st.sigs[:0]
 	for i, u := range m.BucketQuotaUsages {
 		id := u.GetBucketId().GetBucket()
 		switch {
@@ -314,11 +325,16 @@ func (st *quotaStream) validate(set *policy.Set, m *rlqsv3.RateLimitQuotaUsageRe
 					i, len(k), len(v), MaxEnvoyValue)
 			}
 		}
-		sig := bucketSig(id)
-		st.sigs = append(st.sigs, sig)
-		if st.buckets[sig] == nil {
+		st.sigBuf = appendBucketSig(st.sigBuf[:0], id)
+		b, sig := st.buckets[string(st.sigBuf)], "" // a known bucket's signature is not copied
+		if b == nil {
+			sig = string(st.sigBuf)
+			if added == nil {
+				added = map[string]bool{}
+			}
 			added[sig] = true
 		}
+		st.found, st.sigs = append(st.found, b), append(st.sigs, sig)
 	}
 	if n := len(st.buckets) + len(added); n > MaxQuotaBuckets {
 		return status.Errorf(codes.ResourceExhausted, "agent: %d buckets on one stream, at most %d: bucket ids should name route templates, not raw paths",
@@ -329,16 +345,17 @@ func (st *quotaStream) validate(set *policy.Set, m *rlqsv3.RateLimitQuotaUsageRe
 
 // bucketSig is a bucket id's identity: its entries sorted by key (the order of a bucket id's
 // entries does not matter), each key and value preceded by its length, so no two ids share one.
-// Every usage of every report computes it: it allocates the result only.
-func bucketSig(id map[string]string) string {
+func bucketSig(id map[string]string) string { return string(appendBucketSig(nil, id)) }
+
+// appendBucketSig appends id's bucketSig to b. Every usage of every report computes it, into a
+// buffer the stream reuses: it allocates nothing once the buffer has grown to the ids' size.
+func appendBucketSig(b []byte, id map[string]string) []byte {
 	var small [MaxEnvoyEntries]string
-	keys, n := small[:0], 0
-	for k, v := range id {
+	keys := small[:0]
+	for k := range id {
 		keys = append(keys, k)
-		n += len(k) + len(v) + 2*binary.MaxVarintLen64
 	}
 	slices.Sort(keys)
-	b := make([]byte, 0, n)
 	for _, k := range keys {
 		v := id[k]
 		b = binary.AppendUvarint(b, uint64(len(k)))
@@ -346,7 +363,7 @@ func bucketSig(id map[string]string) string {
 		b = binary.AppendUvarint(b, uint64(len(v)))
 		b = append(b, v...)
 	}
-	return string(b)
+	return b
 }
 
 // quotaQuery maps a bucket id to a check, as the policy's envoy section maps a descriptor: its
@@ -444,7 +461,7 @@ func (st *quotaStream) wait(b *quotaBucket, t *Ticket) {
 // onReady completes the reservation b waited for (or gives up on it past the wait bound).
 func (st *quotaStream) onReady(b *quotaBucket) {
 	t := b.ticket
-	if t == nil || st.buckets[b.sig] != b {
+	if t == nil || b.gone {
 		return // abandoned meanwhile: the ticket was dropped then
 	}
 	b.ticket = nil

@@ -20,10 +20,11 @@ import (
 // quotaBucket is one bucket of one stream: what Envoy reported of it, and the assignments the
 // agent sent for it that may still admit requests, each backed by a reservation.
 type quotaBucket struct {
-	sig string
-	id  *rlqsv3.BucketId // as Envoy sent it, echoed in every action
-	q   Query
-	err error // the bucket cannot be mapped to a key (answered DENY_ALL)
+	sig  string
+	id   *rlqsv3.BucketId // as Envoy sent it, echoed in every action
+	gone bool             // abandoned: the stream holds it no more
+	q    Query
+	err  error // the bucket cannot be mapped to a key (answered DENY_ALL)
 
 	// The key, as last resolved.
 	unit      bucket.Micro // one request
@@ -279,11 +280,7 @@ func (st *quotaStream) assign(b *quotaBucket, r Reservation) {
 	b.cur, b.state = a, quotaTokens
 	st.s.metrics.quota().reserved(int64(handed))
 	st.s.metrics.quota().assigned("token_bucket")
-	st.action(b, assignment(ttl, &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
-		MaxTokens:     uint32(bMax),
-		TokensPerFill: wrapperspb.UInt32(uint32(f)),
-		FillInterval:  durationpb.New(time.Second),
-	}}}))
+	st.action(b, tokenBucketAction(ttl, bMax, f))
 	lead := min(quotaRefreshLead, ttl/2)
 	st.scheduleBy(b, now, now+clock.Of(ttl-lead))
 }
@@ -384,6 +381,7 @@ func (st *quotaStream) abandon(now clock.Nanos, b *quotaBucket) {
 		AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}}})
 	st.forget(now, b)
 	delete(st.buckets, b.sig)
+	b.gone = true
 }
 
 // forget ends the stream's business with b: a waiting reservation is dropped and every
@@ -449,6 +447,36 @@ func refilled(f int64, from, to clock.Nanos) uint64 {
 	}
 	ms := (to - from + clock.Of(time.Millisecond) - 1) / clock.Of(time.Millisecond)
 	return uint64(f) * uint64(ms) / 1000
+}
+
+// tokenBucketAssignment is a token bucket assignment action, its nine messages in one allocation:
+// every bucket of every stream gets one about every second.
+type tokenBucketAssignment struct {
+	action   rlqsv3.RateLimitQuotaResponse_BucketAction
+	oneof    rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_
+	assign   rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction
+	ttl      durationpb.Duration
+	strategy typev3.RateLimitStrategy
+	tbOneof  typev3.RateLimitStrategy_TokenBucket
+	tb       typev3.TokenBucket
+	perFill  wrapperspb.UInt32Value
+	interval durationpb.Duration
+}
+
+// tokenBucketAction is the assignment of a token bucket of bMax tokens that gains f every second,
+// for ttl.
+func tokenBucketAction(ttl time.Duration, bMax, f int64) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	x := new(tokenBucketAssignment)
+	x.ttl.Seconds, x.ttl.Nanos = int64(ttl/time.Second), int32(ttl%time.Second)
+	x.interval.Seconds = 1
+	x.perFill.Value = uint32(f)
+	x.tb.MaxTokens, x.tb.TokensPerFill, x.tb.FillInterval = uint32(bMax), &x.perFill, &x.interval
+	x.tbOneof.TokenBucket = &x.tb
+	x.strategy.Strategy = &x.tbOneof
+	x.assign.AssignmentTimeToLive, x.assign.RateLimitStrategy = &x.ttl, &x.strategy
+	x.oneof.QuotaAssignmentAction = &x.assign
+	x.action.BucketAction = &x.oneof
+	return &x.action
 }
 
 // assignment is a quota assignment action of strategy for ttl.

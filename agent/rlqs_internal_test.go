@@ -6,6 +6,11 @@ import (
 	"testing"
 	"time"
 
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
 	"github.com/leasebucket/leasebucket/internal/clock"
 	"github.com/leasebucket/leasebucket/internal/lease"
 )
@@ -94,4 +99,44 @@ func FuzzBucketSig(f *testing.F) {
 			t.Fatalf("ids %q and %q: same signature %v, same entries %v", ma, mb, got, want)
 		}
 	})
+}
+
+// TestTokenBucketAction: the one-allocation token bucket assignment is the message built the
+// plain way, field for field.
+func TestTokenBucketAction(t *testing.T) {
+	for _, tc := range []struct {
+		ttl     time.Duration
+		bMax, f int64
+	}{{time.Second, 3, 9}, {2 * time.Second, 1, 1}, {899 * time.Millisecond, 1<<31 - 1, 1}, {20 * time.Millisecond, 7, 0}} {
+		want := assignment(tc.ttl, &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
+			MaxTokens:     uint32(tc.bMax),
+			TokensPerFill: wrapperspb.UInt32(uint32(tc.f)),
+			FillInterval:  durationpb.New(time.Second),
+		}}})
+		if got := tokenBucketAction(tc.ttl, tc.bMax, tc.f); !proto.Equal(got, want) {
+			t.Errorf("tokenBucketAction(%v, %d, %d) = %v, want %v", tc.ttl, tc.bMax, tc.f, got, want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = tokenBucketAction(time.Second, 3, 9) }); n != 1 {
+		t.Errorf("tokenBucketAction: %v allocations, want 1", n)
+	}
+}
+
+// TestBucketSigLookup: a known bucket's signature is built in the stream's buffer and looked up
+// without an allocation; the signature appended is bucketSig's.
+func TestBucketSigLookup(t *testing.T) {
+	id := map[string]string{"tenant": "acme", "path": "/q/{id}", "method": "GET"}
+	m := map[string]int{bucketSig(id): 1}
+	buf := appendBucketSig(nil, id)
+	if string(buf) != bucketSig(id) {
+		t.Fatalf("appendBucketSig = %q, want %q", buf, bucketSig(id))
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		buf = appendBucketSig(buf[:0], id)
+		if m[string(buf)] != 1 {
+			t.Fatal("the bucket is not found by its signature")
+		}
+	}); n != 0 {
+		t.Errorf("a known bucket's lookup: %v allocations, want none", n)
+	}
 }
