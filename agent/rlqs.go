@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -101,14 +102,30 @@ type quotaService struct {
 	idle time.Duration
 
 	mu     sync.Mutex
-	demand map[string]map[*quotaBucket]float64 // bucket key → each bucket's offered requests per second
+	demand map[string]*keyDemand // bucket key → what its buckets on every stream offer
 }
+
+// keyDemand is what the buckets of one key offer, and what of it was last fed into the key's
+// demand.
+type keyDemand struct {
+	rates map[*quotaBucket]float64 // each bucket's offered requests per second
+	fed   float64                  // their sum when last fed
+	fedAt clock.Nanos
+}
+
+// Feeding a key's demand costs a lookup of the key and its lock. Every bucket of the key reports
+// it each reporting interval, and the demand is an average of what it is fed: it is fed the sum
+// when that moved by more than quotaDemandStep of what was fed, or quotaDemandEvery after the last.
+const (
+	quotaDemandStep  = 1.0 / 8
+	quotaDemandEvery = time.Second
+)
 
 func newQuotaService(s *Server, idle time.Duration) *quotaService {
 	if idle <= 0 {
 		idle = DefaultQuotaIdle
 	}
-	return &quotaService{s: s, idle: idle, demand: map[string]map[*quotaBucket]float64{}}
+	return &quotaService{s: s, idle: idle, demand: map[string]*keyDemand{}}
 }
 
 // StreamRateLimitQuotas implements envoy.service.rate_limit_quota.v3.RateLimitQuotaService.
@@ -124,9 +141,10 @@ func (qs *quotaService) StreamRateLimitQuotas(stream grpc.BidiStreamingServer[rl
 	return err
 }
 
-// observe records bucket b's offered rate (requests per second) for key and feeds the sum over
-// the key's buckets on every stream into the key's demand; rate < 0 forgets b.
-func (qs *quotaService) observe(b *quotaBucket, key string, rate float64) {
+// observe records bucket b's offered rate (requests per second) for key at now, and feeds the sum
+// over the key's buckets on every stream into the key's demand (when it moved, or a while after it
+// was last fed); rate < 0 forgets b.
+func (qs *quotaService) observe(now clock.Nanos, b *quotaBucket, key string, rate float64) {
 	qs.mu.Lock()
 	if b.key != "" && b.key != key {
 		qs.forgetLocked(b)
@@ -137,26 +155,30 @@ func (qs *quotaService) observe(b *quotaBucket, key string, rate float64) {
 		return
 	}
 	b.key = key
-	m := qs.demand[key]
-	if m == nil {
-		m = map[*quotaBucket]float64{}
-		qs.demand[key] = m
+	d := qs.demand[key]
+	if d == nil {
+		d = &keyDemand{rates: map[*quotaBucket]float64{}}
+		qs.demand[key] = d
 	}
-	m[b] = rate
+	d.rates[b] = rate
 	var sum float64
-	for _, r := range m {
+	for _, r := range d.rates {
 		sum += r
 	}
+	feed := math.Abs(sum-d.fed) > quotaDemandStep*d.fed || now-d.fedAt >= clock.Of(quotaDemandEvery)
+	if feed {
+		d.fed, d.fedAt = sum, now
+	}
 	qs.mu.Unlock()
-	if unit := b.unit; unit > 0 && sum > 0 {
+	if unit := b.unit; feed && unit > 0 && sum > 0 {
 		_ = qs.s.lim.ObserveDemand(b.q, bucket.Micro(min(sum*float64(unit), float64(bucket.MaxExact))))
 	}
 }
 
 func (qs *quotaService) forgetLocked(b *quotaBucket) {
-	if m := qs.demand[b.key]; m != nil {
-		delete(m, b)
-		if len(m) == 0 {
+	if d := qs.demand[b.key]; d != nil {
+		delete(d.rates, b)
+		if len(d.rates) == 0 {
 			delete(qs.demand, b.key)
 		}
 	}
@@ -229,6 +251,16 @@ func (st *quotaStream) run() error {
 			return status.Error(codes.Unavailable, "agent: shutting down")
 		case <-st.ctx.Done():
 			return status.FromContextError(st.ctx.Err()).Err()
+		}
+		// A refill completes many reservations at once: those whose waits have ended are
+		// answered in the same response.
+		for more := true; more; {
+			select {
+			case b := <-st.ready:
+				st.onReady(b)
+			default:
+				more = false
+			}
 		}
 		if err := st.flush(); err != nil {
 			return err

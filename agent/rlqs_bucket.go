@@ -179,7 +179,7 @@ func (st *quotaStream) report(now clock.Nanos, b *quotaBucket, u *rlqsv3.RateLim
 		st.refresh(now, b, true)
 	}
 	if b.err == nil && b.unit > 0 {
-		st.qs.observe(b, st.keyOf(b), b.rate)
+		st.qs.observe(now, b, st.keyOf(b), b.rate)
 	}
 }
 
@@ -367,7 +367,7 @@ func (st *quotaStream) invalid(now clock.Nanos, b *quotaBucket, err error) {
 		}
 	}
 	b.err = err
-	st.qs.observe(b, "", -1)
+	st.qs.observe(now, b, "", -1)
 	st.denyAll(now, b, quotaInvalidTTL)
 	st.scheduleBy(b, now, now+clock.Of(quotaInvalidTTL-quotaRefreshLead))
 }
@@ -393,7 +393,7 @@ func (st *quotaStream) forget(now clock.Nanos, b *quotaBucket) {
 	}
 	st.settle(now, b, true)
 	st.unschedule(b)
-	st.qs.observe(b, "", -1)
+	st.qs.observe(now, b, "", -1)
 	st.s.metrics.quota().bucket(-1)
 }
 
