@@ -26,12 +26,15 @@ type quotaBucket struct {
 	q    Query
 	err  error // the bucket cannot be mapped to a key (answered DENY_ALL)
 
-	// The key, as last resolved.
-	unit      bucket.Micro // one request
-	emergency bool         // the rule's failure mode is its emergency bucket
-	key       string       // the bucket key its demand is counted under (quotaService.observe)
-	keyOf     string       // the bucket key in the policy version keyVersion (keyOf's cache)
-	keyVer    string
+	// The key, as last resolved (resolveBucket), in the policy view resolvedIn.
+	resolvedIn *view
+	unit       bucket.Micro // one request
+	emergency  bool         // the rule's failure mode is its emergency bucket
+	shadow     bool         // the rule is a shadow rule: ALLOW_ALL
+	plan       quotaPlan    // how the key's assignments are timed
+	burst      bucket.Micro // the key's burst, in requests
+	key        string       // the bucket key its demand is counted under (quotaService.observe)
+	keyOf      string       // the bucket key in the view resolvedIn
 
 	// Usage, from Envoy's reports (agent clock).
 	allowed    uint64      // requests Envoy reported allowed, in all
@@ -183,15 +186,10 @@ func (st *quotaStream) report(now clock.Nanos, b *quotaBucket, u *rlqsv3.RateLim
 	}
 }
 
-// keyOf is b's bucket key in the current policy ("" if it has none), resolved once per policy
-// version.
+// keyOf is b's bucket key in the current policy ("" if it has none).
 func (st *quotaStream) keyOf(b *quotaBucket) string {
-	v := st.s.lim.view.Load()
-	if ver := v.set.Version(); ver != b.keyVer {
-		b.keyOf, b.keyVer = "", ver
-		if res, err := st.s.lim.resolve(v, b.q); err == nil {
-			b.keyOf = res.key(b.q.Tenant)
-		}
+	if st.resolveBucket(b) != nil {
+		return ""
 	}
 	return b.keyOf
 }
@@ -203,39 +201,30 @@ func (st *quotaStream) refresh(now clock.Nanos, b *quotaBucket, early bool) {
 	if b.ticket != nil {
 		return
 	}
-	set := st.s.lim.Policy()
-	q, err := quotaQuery(set.Envoy(), b.id.GetBucket())
+	err := st.resolveBucket(b)
 	if err == nil {
-		b.q = q
-		var res resolved
-		if res, err = st.s.lim.resolve(st.s.lim.view.Load(), q); err == nil {
-			b.unit = bucket.Micro(res.cost)
-			b.emergency = res.route.Rule.OnFailure == policy.Emergency && res.lim.Emergency != nil
-			if res.route.Rule.Shadow {
-				b.err = nil
-				st.allowAll(now, b)
-				return
-			}
-			plan := planAssignments(lease.TTL(res.lim.Bucket))
-			// What Envoy's clients offer until the next assignment, a tenth of a second more for
-			// their bursts, and one; at most the burst.
-			burst := res.lim.Bucket.Capacity() / b.unit
-			want := min(math.Ceil(b.rate*(plan.target+AssignmentMargin+quotaBurstAllowance).Seconds())+1, float64(burst))
-			b.ask = ReserveAsk{Want: bucket.Micro(max(want, 2)) * b.unit, Least: 2 * b.unit, Life: plan.life}
-			for range 3 { // a key retired meanwhile is looked up again
-				r, v, rerr := st.s.lim.Reserve(now, q, b.ask)
-				if err = rerr; err != nil || v.Outcome != Wait || v.Ticket != retryTicket {
-					if err == nil {
-						b.err = nil
-						if v.Outcome == Wait {
-							st.wait(b, v.Ticket)
-							return
-						}
-						st.decided(now, b, r, v)
+		if b.shadow {
+			b.err = nil
+			st.allowAll(now, b)
+			return
+		}
+		// What Envoy's clients offer until the next assignment, a tenth of a second more for
+		// their bursts, and one; at most the burst.
+		want := min(math.Ceil(b.rate*(b.plan.target+AssignmentMargin+quotaBurstAllowance).Seconds())+1, float64(b.burst))
+		b.ask = ReserveAsk{Want: bucket.Micro(max(want, 2)) * b.unit, Least: 2 * b.unit, Life: b.plan.life}
+		for range 3 { // a key retired meanwhile is looked up again
+			r, v, rerr := st.s.lim.Reserve(now, b.q, b.ask)
+			if err = rerr; err != nil || v.Outcome != Wait || v.Ticket != retryTicket {
+				if err == nil {
+					b.err = nil
+					if v.Outcome == Wait {
+						st.wait(b, v.Ticket)
 						return
 					}
-					break
+					st.decided(now, b, r, v)
+					return
 				}
+				break
 			}
 		}
 	}
@@ -244,6 +233,33 @@ func (st *quotaStream) refresh(now clock.Nanos, b *quotaBucket, early bool) {
 		return
 	}
 	st.invalid(now, b, err)
+}
+
+// resolveBucket maps b to its query and what the key's rule says of its assignments, once per
+// policy view: a bucket is refreshed about every second, its policy changes seldom.
+func (st *quotaStream) resolveBucket(b *quotaBucket) error {
+	v := st.s.lim.view.Load()
+	if b.resolvedIn == v {
+		return nil
+	}
+	b.resolvedIn = nil
+	q, err := quotaQuery(v.set.Envoy(), b.id.GetBucket())
+	if err != nil {
+		return err
+	}
+	b.q = q
+	res, err := st.s.lim.resolve(v, q)
+	if err != nil {
+		return err
+	}
+	b.unit = bucket.Micro(res.cost)
+	b.emergency = res.route.Rule.OnFailure == policy.Emergency && res.lim.Emergency != nil
+	b.shadow = res.route.Rule.Shadow
+	b.plan = planAssignments(lease.TTL(res.lim.Bucket))
+	b.burst = res.lim.Bucket.Capacity() / b.unit
+	b.keyOf = res.key(q.Tenant)
+	b.resolvedIn = v
+	return nil
 }
 
 // decided acts on a reservation's outcome.
