@@ -141,18 +141,55 @@ func (qs *quotaService) StreamRateLimitQuotas(stream grpc.BidiStreamingServer[rl
 	return err
 }
 
+// observeAll observes the rate of each of buckets (but those abandoned meanwhile) under its key,
+// taking the service's lock once for a message's worth; feeds is scratch space, returned for the
+// next call.
+func (qs *quotaService) observeAll(now clock.Nanos, buckets []*quotaBucket, feeds []demandFeed) []demandFeed {
+	if len(buckets) == 0 {
+		return feeds
+	}
+	qs.mu.Lock()
+	for _, b := range buckets {
+		if !b.gone {
+			if sum, ok := qs.observeLocked(now, b, b.keyOf, b.rate); ok {
+				feeds = append(feeds, demandFeed{b, sum})
+			}
+		}
+	}
+	qs.mu.Unlock()
+	for _, f := range feeds {
+		qs.feed(f.b, f.sum)
+	}
+	clear(feeds)
+	return feeds[:0]
+}
+
+// demandFeed is a key's demand to feed, the sum of its buckets' rates, found through one of them.
+type demandFeed struct {
+	b   *quotaBucket
+	sum float64
+}
+
 // observe records bucket b's offered rate (requests per second) for key at now, and feeds the sum
 // over the key's buckets on every stream into the key's demand (when it moved, or a while after it
 // was last fed); rate < 0 forgets b.
 func (qs *quotaService) observe(now clock.Nanos, b *quotaBucket, key string, rate float64) {
 	qs.mu.Lock()
+	sum, feed := qs.observeLocked(now, b, key, rate)
+	qs.mu.Unlock()
+	if feed {
+		qs.feed(b, sum)
+	}
+}
+
+// observeLocked is observe with qs.mu held: it returns the sum to feed, if it is to be fed.
+func (qs *quotaService) observeLocked(now clock.Nanos, b *quotaBucket, key string, rate float64) (float64, bool) {
 	if b.key != "" && b.key != key {
 		qs.forgetLocked(b)
 	}
 	if rate < 0 || key == "" {
 		qs.forgetLocked(b)
-		qs.mu.Unlock()
-		return
+		return 0, false
 	}
 	b.key = key
 	d := qs.demand[key]
@@ -169,8 +206,12 @@ func (qs *quotaService) observe(now clock.Nanos, b *quotaBucket, key string, rat
 	if feed {
 		d.fed, d.fedAt = sum, now
 	}
-	qs.mu.Unlock()
-	if unit := b.unit; feed && unit > 0 && sum > 0 {
+	return sum, feed
+}
+
+// feed feeds sum, requests per second, into the demand of b's key.
+func (qs *quotaService) feed(b *quotaBucket, sum float64) {
+	if unit := b.unit; unit > 0 && sum > 0 {
 		_ = qs.s.lim.ObserveDemand(b.q, bucket.Micro(min(sum*float64(unit), float64(bucket.MaxExact))))
 	}
 }
@@ -205,6 +246,11 @@ type quotaStream struct {
 	found  []*quotaBucket
 	sigs   []string
 	sigBuf []byte
+	// What onReports gathers of a message's usages: the buckets whose rates count in their keys'
+	// demand, and the requests reported.
+	observed          []*quotaBucket
+	feeds             []demandFeed
+	allowedN, deniedN uint64
 
 	ready chan *quotaBucket // a reservation's wait ended
 	done  chan struct{}     // closed when run ends: waiters give up
@@ -320,6 +366,11 @@ func (st *quotaStream) onReports(m *rlqsv3.RateLimitQuotaUsageReports) error {
 		st.report(now, b, u)
 	}
 	clear(st.found)
+	st.feeds = st.qs.observeAll(now, st.observed, st.feeds)
+	clear(st.observed)
+	st.observed = st.observed[:0]
+	st.s.metrics.quota().usage(st.allowedN, st.deniedN)
+	st.allowedN, st.deniedN = 0, 0
 	return nil
 }
 

@@ -148,7 +148,8 @@ func (st *quotaStream) report(now clock.Nanos, b *quotaBucket, u *rlqsv3.RateLim
 	allowed, denied := min(u.NumRequestsAllowed, maxCount), min(u.NumRequestsDenied, maxCount)
 	b.allowed = min(b.allowed+allowed, math.MaxUint64/2)
 	n := float64(allowed + denied)
-	st.s.metrics.quota().usage(allowed, denied)
+	st.allowedN += allowed
+	st.deniedN += denied
 	if b.reports > 0 {
 		// The rate since the last report, on the agent's clock (Envoy's time_elapsed is whole
 		// seconds); averaged with the previous estimate.
@@ -181,8 +182,8 @@ func (st *quotaStream) report(now clock.Nanos, b *quotaBucket, u *rlqsv3.RateLim
 		// allowed its whole burst since it was sent): ask for more now rather than at its end.
 		st.refresh(now, b, true)
 	}
-	if b.err == nil && b.unit > 0 {
-		st.qs.observe(now, b, st.keyOf(b), b.rate)
+	if b.err == nil && b.unit > 0 && st.keyOf(b) != "" {
+		st.observed = append(st.observed, b)
 	}
 }
 
