@@ -518,13 +518,26 @@ func (st *quotaStream) onDue() {
 	now := st.s.now()
 	for len(st.due) > 0 && st.due[0].at <= now {
 		b := heap.Pop(&st.due).(dueEntry).b
+		if b.polling {
+			st.poll(now, b)
+			continue
+		}
 		st.refresh(now, b, false)
 	}
 }
 
-// wait makes b wait for its reservation's refill.
-func (st *quotaStream) wait(b *quotaBucket, t *Ticket) {
+// wait makes b wait for its reservation's refill. A bucket with an action in force looks at its
+// refill on the grid, with the buckets due then (the refresh lead leaves room for a refill and a
+// slot): no goroutine, and its answer leaves with theirs. A bucket waiting for its first
+// assignment, which Envoy answers with its no_assignment_behavior meanwhile, is answered the
+// moment the refill comes.
+func (st *quotaStream) wait(now clock.Nanos, b *quotaBucket, t *Ticket) {
 	b.ticket = t
+	if b.state != quotaNone {
+		b.polling, b.waitFrom = true, now
+		st.schedule(b, now+1)
+		return
+	}
 	st.wg.Go(func() {
 		timer := time.NewTimer(quotaWaitBound)
 		defer timer.Stop()
@@ -541,13 +554,27 @@ func (st *quotaStream) wait(b *quotaBucket, t *Ticket) {
 	})
 }
 
+// poll looks at the refill a polling bucket waits for: the reservation is completed once the
+// refill came or the wait bound passed, else looked at again in the next slot.
+func (st *quotaStream) poll(now clock.Nanos, b *quotaBucket) {
+	select {
+	case <-b.ticket.Ready():
+	default:
+		if now-b.waitFrom < clock.Of(quotaWaitBound) {
+			st.schedule(b, now+1)
+			return
+		}
+	}
+	st.onReady(b)
+}
+
 // onReady completes the reservation b waited for (or gives up on it past the wait bound).
 func (st *quotaStream) onReady(b *quotaBucket) {
 	t := b.ticket
 	if t == nil || b.gone {
 		return // abandoned meanwhile: the ticket was dropped then
 	}
-	b.ticket = nil
+	b.ticket, b.polling = nil, false
 	now := st.s.now()
 	select {
 	case <-t.Ready():

@@ -49,7 +49,10 @@ type quotaBucket struct {
 	cur    *quotaAssignment   // the last token bucket sent
 	live   []*quotaAssignment // token buckets Envoy may still admit from, oldest first
 	ticket *Ticket            // a reservation waiting for a refill
-	ask    ReserveAsk         // what the reservation asked for
+	// polling: ticket's refill is looked at on the stream's grid (wait), since waitFrom
+	polling  bool
+	waitFrom clock.Nanos
+	ask      ReserveAsk // what the reservation asked for
 
 	index int // in the stream's dueHeap; -1 when not scheduled
 }
@@ -219,7 +222,7 @@ func (st *quotaStream) refresh(now clock.Nanos, b *quotaBucket, early bool) {
 				if err == nil {
 					b.err = nil
 					if v.Outcome == Wait {
-						st.wait(b, v.Ticket)
+						st.wait(now, b, v.Ticket)
 						return
 					}
 					st.decided(now, b, r, v)
@@ -406,7 +409,7 @@ func (st *quotaStream) abandon(now clock.Nanos, b *quotaBucket) {
 func (st *quotaStream) forget(now clock.Nanos, b *quotaBucket) {
 	if b.ticket != nil {
 		st.s.lim.Unreserve(now, b.ticket)
-		b.ticket = nil
+		b.ticket, b.polling = nil, false
 	}
 	st.settle(now, b, true)
 	st.unschedule(b)
