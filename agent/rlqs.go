@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
@@ -358,7 +359,7 @@ func (st *quotaStream) onReports(m *rlqsv3.RateLimitQuotaUsageReports) error {
 				sig = b.sig
 			}
 			if b = st.buckets[sig]; b == nil {
-				b = &quotaBucket{sig: sig, id: u.BucketId, activeAt: now, index: -1}
+				b = &quotaBucket{sig: sig, id: u.BucketId, echo: echoBucketID(u.BucketId), activeAt: now, index: -1}
 				st.buckets[sig] = b
 				st.s.metrics.quota().bucket(1)
 			}
@@ -449,6 +450,20 @@ func appendBucketSig(b []byte, id map[string]string) []byte {
 	return b
 }
 
+// echoBucketID is id as every action of its bucket echoes it: its entries encoded once, carried as
+// the message's unknown fields, which a marshal copies as they are. On the wire it is id (map
+// entries in no particular order, as ever); a map is the costliest field to size and encode, and
+// each bucket's id goes back to Envoy about once a second.
+func echoBucketID(id *rlqsv3.BucketId) *rlqsv3.BucketId {
+	raw, err := proto.MarshalOptions{Deterministic: true}.Marshal(id)
+	if err != nil {
+		return id // not reached: a valid message encodes; echoed as it is then
+	}
+	echo := &rlqsv3.BucketId{}
+	echo.ProtoReflect().SetUnknown(raw)
+	return echo
+}
+
 // quotaQuery maps a bucket id to a check, as the policy's envoy section maps a descriptor: its
 // tenant_key entry is the tenant, route_key the path (a request path or a route template of the
 // policy, /orders/{id}), operation_key the operation. Any other key is refused.
@@ -479,7 +494,7 @@ func quotaQuery(m policy.Envoy, id map[string]string) (Query, error) {
 
 // action queues a bucket action for the next response.
 func (st *quotaStream) action(b *quotaBucket, a *rlqsv3.RateLimitQuotaResponse_BucketAction) {
-	a.BucketId = b.id
+	a.BucketId = b.echo
 	st.actions = append(st.actions, a)
 }
 

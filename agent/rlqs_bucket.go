@@ -21,7 +21,8 @@ import (
 // agent sent for it that may still admit requests, each backed by a reservation.
 type quotaBucket struct {
 	sig  string
-	id   *rlqsv3.BucketId // as Envoy sent it, echoed in every action
+	id   *rlqsv3.BucketId // as Envoy sent it
+	echo *rlqsv3.BucketId // id, encoded once, in every action (echoBucketID)
 	gone bool             // abandoned: the stream holds it no more
 	q    Query
 	err  error // the bucket cannot be mapped to a key (answered DENY_ALL)

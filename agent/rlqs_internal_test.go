@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -138,5 +139,36 @@ func TestBucketSigLookup(t *testing.T) {
 		}
 	}); n != 0 {
 		t.Errorf("a known bucket's lookup: %v allocations, want none", n)
+	}
+}
+
+// TestEchoBucketID: the bucket id an action echoes reads on the wire as the id Envoy sent, alone
+// and inside an action.
+func TestEchoBucketID(t *testing.T) {
+	for _, m := range []map[string]string{
+		{"tenant": "acme", "path": "/q/{id}", "method": "GET"},
+		{"": ""},
+		{"k": strings.Repeat("v", 300), "é": "\x00"},
+	} {
+		id := &rlqsv3.BucketId{Bucket: m}
+		raw, err := proto.Marshal(echoBucketID(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got rlqsv3.BucketId
+		if err := proto.Unmarshal(raw, &got); err != nil || !maps.Equal(got.Bucket, m) {
+			t.Fatalf("echoBucketID(%v) reads as %v (%v)", m, got.Bucket, err)
+		}
+		a := tokenBucketAction(time.Second, 3, 9)
+		a.BucketId = echoBucketID(id)
+		want := tokenBucketAction(time.Second, 3, 9)
+		want.BucketId = id
+		if raw, err = proto.Marshal(&rlqsv3.RateLimitQuotaResponse{BucketAction: []*rlqsv3.RateLimitQuotaResponse_BucketAction{a}}); err != nil {
+			t.Fatal(err)
+		}
+		var resp rlqsv3.RateLimitQuotaResponse
+		if err := proto.Unmarshal(raw, &resp); err != nil || len(resp.BucketAction) != 1 || !proto.Equal(resp.BucketAction[0], want) {
+			t.Fatalf("an action echoing %v reads as %v (%v), want %v", m, &resp, err, want)
+		}
 	}
 }
