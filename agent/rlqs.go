@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
@@ -62,6 +64,14 @@ const (
 	// quotaRetryFloor is the soonest a refused or failing bucket is asked about again.
 	quotaRetryFloor = 100 * time.Millisecond
 
+	// quotaSlot is the grid a stream's buckets are looked at on: the buckets due within one slot
+	// are refreshed together and their actions leave in one response, so a stream of a thousand
+	// buckets writes a few dozen responses a second instead of one a bucket (each a write and a
+	// wakeup of the stream's goroutine). An assignment's refresh moves to the slot before it
+	// (never later: the refresh lead stays whole), a retry to the slot after it (never sooner than
+	// asked). A quarter of the refresh lead: an assignment is refreshed at most that much sooner.
+	quotaSlot = quotaRefreshLead / 4
+
 	// quotaInvalidTTL is the life of the DENY_ALL assignment of a bucket the agent cannot map (it
 	// is mapped again when it runs out, in case the policy changed).
 	quotaInvalidTTL = time.Minute
@@ -93,14 +103,30 @@ type quotaService struct {
 	idle time.Duration
 
 	mu     sync.Mutex
-	demand map[string]map[*quotaBucket]float64 // bucket key → each bucket's offered requests per second
+	demand map[string]*keyDemand // bucket key → what its buckets on every stream offer
 }
+
+// keyDemand is what the buckets of one key offer, and what of it was last fed into the key's
+// demand.
+type keyDemand struct {
+	rates map[*quotaBucket]float64 // each bucket's offered requests per second
+	fed   float64                  // their sum when last fed
+	fedAt clock.Nanos
+}
+
+// Feeding a key's demand costs a lookup of the key and its lock. Every bucket of the key reports
+// it each reporting interval, and the demand is an average of what it is fed: it is fed the sum
+// when that moved by more than quotaDemandStep of what was fed, or quotaDemandEvery after the last.
+const (
+	quotaDemandStep  = 1.0 / 8
+	quotaDemandEvery = time.Second
+)
 
 func newQuotaService(s *Server, idle time.Duration) *quotaService {
 	if idle <= 0 {
 		idle = DefaultQuotaIdle
 	}
-	return &quotaService{s: s, idle: idle, demand: map[string]map[*quotaBucket]float64{}}
+	return &quotaService{s: s, idle: idle, demand: map[string]*keyDemand{}}
 }
 
 // StreamRateLimitQuotas implements envoy.service.rate_limit_quota.v3.RateLimitQuotaService.
@@ -116,39 +142,85 @@ func (qs *quotaService) StreamRateLimitQuotas(stream grpc.BidiStreamingServer[rl
 	return err
 }
 
-// observe records bucket b's offered rate (requests per second) for key and feeds the sum over
-// the key's buckets on every stream into the key's demand; rate < 0 forgets b.
-func (qs *quotaService) observe(b *quotaBucket, key string, rate float64) {
+// observeAll observes the rate of each of buckets (but those abandoned meanwhile) under its key,
+// taking the service's lock once for a message's worth; feeds is scratch space, returned for the
+// next call.
+func (qs *quotaService) observeAll(now clock.Nanos, buckets []*quotaBucket, feeds []demandFeed) []demandFeed {
+	if len(buckets) == 0 {
+		return feeds
+	}
 	qs.mu.Lock()
+	for _, b := range buckets {
+		if !b.gone {
+			if sum, ok := qs.observeLocked(now, b, b.keyOf, b.rate); ok {
+				feeds = append(feeds, demandFeed{b, sum})
+			}
+		}
+	}
+	qs.mu.Unlock()
+	for _, f := range feeds {
+		qs.feed(f.b, f.sum)
+	}
+	clear(feeds)
+	return feeds[:0]
+}
+
+// demandFeed is a key's demand to feed, the sum of its buckets' rates, found through one of them.
+type demandFeed struct {
+	b   *quotaBucket
+	sum float64
+}
+
+// observe records bucket b's offered rate (requests per second) for key at now, and feeds the sum
+// over the key's buckets on every stream into the key's demand (when it moved, or a while after it
+// was last fed); rate < 0 forgets b.
+func (qs *quotaService) observe(now clock.Nanos, b *quotaBucket, key string, rate float64) {
+	qs.mu.Lock()
+	sum, feed := qs.observeLocked(now, b, key, rate)
+	qs.mu.Unlock()
+	if feed {
+		qs.feed(b, sum)
+	}
+}
+
+// observeLocked is observe with qs.mu held: it returns the sum to feed, if it is to be fed.
+func (qs *quotaService) observeLocked(now clock.Nanos, b *quotaBucket, key string, rate float64) (float64, bool) {
 	if b.key != "" && b.key != key {
 		qs.forgetLocked(b)
 	}
 	if rate < 0 || key == "" {
 		qs.forgetLocked(b)
-		qs.mu.Unlock()
-		return
+		return 0, false
 	}
 	b.key = key
-	m := qs.demand[key]
-	if m == nil {
-		m = map[*quotaBucket]float64{}
-		qs.demand[key] = m
+	d := qs.demand[key]
+	if d == nil {
+		d = &keyDemand{rates: map[*quotaBucket]float64{}}
+		qs.demand[key] = d
 	}
-	m[b] = rate
+	d.rates[b] = rate
 	var sum float64
-	for _, r := range m {
+	for _, r := range d.rates {
 		sum += r
 	}
-	qs.mu.Unlock()
+	feed := math.Abs(sum-d.fed) > quotaDemandStep*d.fed || now-d.fedAt >= clock.Of(quotaDemandEvery)
+	if feed {
+		d.fed, d.fedAt = sum, now
+	}
+	return sum, feed
+}
+
+// feed feeds sum, requests per second, into the demand of b's key.
+func (qs *quotaService) feed(b *quotaBucket, sum float64) {
 	if unit := b.unit; unit > 0 && sum > 0 {
 		_ = qs.s.lim.ObserveDemand(b.q, bucket.Micro(min(sum*float64(unit), float64(bucket.MaxExact))))
 	}
 }
 
 func (qs *quotaService) forgetLocked(b *quotaBucket) {
-	if m := qs.demand[b.key]; m != nil {
-		delete(m, b)
-		if len(m) == 0 {
+	if d := qs.demand[b.key]; d != nil {
+		delete(d.rates, b)
+		if len(d.rates) == 0 {
 			delete(qs.demand, b.key)
 		}
 	}
@@ -169,7 +241,17 @@ type quotaStream struct {
 	due     dueHeap
 	actions []*rlqsv3.RateLimitQuotaResponse_BucketAction // to send when the event is handled
 	warned  bool                                          // an unmappable bucket was logged
-	sigs    []string                                      // the usages' bucketSig, from validate to onReports
+
+	// From validate to onReports, one per usage: its bucket if the stream holds it, else its
+	// bucketSig. sigBuf is where validate builds a signature to look it up.
+	found  []*quotaBucket
+	sigs   []string
+	sigBuf []byte
+	// What onReports gathers of a message's usages: the buckets whose rates count in their keys'
+	// demand, and the requests reported.
+	observed          []*quotaBucket
+	feeds             []demandFeed
+	allowedN, deniedN uint64
 
 	ready chan *quotaBucket // a reservation's wait ended
 	done  chan struct{}     // closed when run ends: waiters give up
@@ -217,12 +299,22 @@ func (st *quotaStream) run() error {
 		case <-st.ctx.Done():
 			return status.FromContextError(st.ctx.Err()).Err()
 		}
+		// A refill completes many reservations at once: those whose waits have ended are
+		// answered in the same response.
+		for more := true; more; {
+			select {
+			case b := <-st.ready:
+				st.onReady(b)
+			default:
+				more = false
+			}
+		}
 		if err := st.flush(); err != nil {
 			return err
 		}
 		wait := time.Hour
 		if len(st.due) > 0 {
-			wait = max(0, (st.due[0].dueAt - st.s.clk.Now()).Duration())
+			wait = max(0, (st.due[0].at - st.s.clk.Now()).Duration())
 		}
 		timer.Reset(wait)
 	}
@@ -260,15 +352,26 @@ func (st *quotaStream) onReports(m *rlqsv3.RateLimitQuotaUsageReports) error {
 	}
 	now := st.s.now()
 	for i, u := range m.BucketQuotaUsages {
-		sig := st.sigs[i]
-		b := st.buckets[sig]
-		if b == nil {
-			b = &quotaBucket{sig: sig, id: u.BucketId, activeAt: now, index: -1}
-			st.buckets[sig] = b
-			st.s.metrics.quota().bucket(1)
+		b := st.found[i]
+		if b == nil || b.gone { // new, or abandoned by an earlier usage of this message
+			sig := st.sigs[i]
+			if b != nil {
+				sig = b.sig
+			}
+			if b = st.buckets[sig]; b == nil {
+				b = &quotaBucket{sig: sig, id: u.BucketId, echo: echoBucketID(u.BucketId), activeAt: now, index: -1}
+				st.buckets[sig] = b
+				st.s.metrics.quota().bucket(1)
+			}
 		}
 		st.report(now, b, u)
 	}
+	clear(st.found)
+	st.feeds = st.qs.observeAll(now, st.observed, st.feeds)
+	clear(st.observed)
+	st.observed = st.observed[:0]
+	st.s.metrics.quota().usage(st.allowedN, st.deniedN)
+	st.allowedN, st.deniedN = 0, 0
 	return nil
 }
 
@@ -290,8 +393,8 @@ func (st *quotaStream) validate(set *policy.Set, m *rlqsv3.RateLimitQuotaUsageRe
 	if st.domain == "" {
 		st.domain = m.Domain
 	}
-	added := map[string]bool{}
-	st.sigs = st.sigs[:0]
+	var added map[string]bool // the new buckets' signatures
+	st.found, st.sigs = st.found[:0], st.sigs[:0]
 	for i, u := range m.BucketQuotaUsages {
 		id := u.GetBucketId().GetBucket()
 		switch {
@@ -306,11 +409,16 @@ func (st *quotaStream) validate(set *policy.Set, m *rlqsv3.RateLimitQuotaUsageRe
 					i, len(k), len(v), MaxEnvoyValue)
 			}
 		}
-		sig := bucketSig(id)
-		st.sigs = append(st.sigs, sig)
-		if st.buckets[sig] == nil {
+		st.sigBuf = appendBucketSig(st.sigBuf[:0], id)
+		b, sig := st.buckets[string(st.sigBuf)], "" // a known bucket's signature is not copied
+		if b == nil {
+			sig = string(st.sigBuf)
+			if added == nil {
+				added = map[string]bool{}
+			}
 			added[sig] = true
 		}
+		st.found, st.sigs = append(st.found, b), append(st.sigs, sig)
 	}
 	if n := len(st.buckets) + len(added); n > MaxQuotaBuckets {
 		return status.Errorf(codes.ResourceExhausted, "agent: %d buckets on one stream, at most %d: bucket ids should name route templates, not raw paths",
@@ -321,16 +429,17 @@ func (st *quotaStream) validate(set *policy.Set, m *rlqsv3.RateLimitQuotaUsageRe
 
 // bucketSig is a bucket id's identity: its entries sorted by key (the order of a bucket id's
 // entries does not matter), each key and value preceded by its length, so no two ids share one.
-// Every usage of every report computes it: it allocates the result only.
-func bucketSig(id map[string]string) string {
+func bucketSig(id map[string]string) string { return string(appendBucketSig(nil, id)) }
+
+// appendBucketSig appends id's bucketSig to b. Every usage of every report computes it, into a
+// buffer the stream reuses: it allocates nothing once the buffer has grown to the ids' size.
+func appendBucketSig(b []byte, id map[string]string) []byte {
 	var small [MaxEnvoyEntries]string
-	keys, n := small[:0], 0
-	for k, v := range id {
+	keys := small[:0]
+	for k := range id {
 		keys = append(keys, k)
-		n += len(k) + len(v) + 2*binary.MaxVarintLen64
 	}
 	slices.Sort(keys)
-	b := make([]byte, 0, n)
 	for _, k := range keys {
 		v := id[k]
 		b = binary.AppendUvarint(b, uint64(len(k)))
@@ -338,7 +447,21 @@ func bucketSig(id map[string]string) string {
 		b = binary.AppendUvarint(b, uint64(len(v)))
 		b = append(b, v...)
 	}
-	return string(b)
+	return b
+}
+
+// echoBucketID is id as every action of its bucket echoes it: its entries encoded once, carried as
+// the message's unknown fields, which a marshal copies as they are. On the wire it is id (map
+// entries in no particular order, as ever); a map is the costliest field to size and encode, and
+// each bucket's id goes back to Envoy about once a second.
+func echoBucketID(id *rlqsv3.BucketId) *rlqsv3.BucketId {
+	raw, err := proto.MarshalOptions{Deterministic: true}.Marshal(id)
+	if err != nil {
+		return id // not reached: a valid message encodes; echoed as it is then
+	}
+	echo := &rlqsv3.BucketId{}
+	echo.ProtoReflect().SetUnknown(raw)
+	return echo
 }
 
 // quotaQuery maps a bucket id to a check, as the policy's envoy section maps a descriptor: its
@@ -371,18 +494,32 @@ func quotaQuery(m policy.Envoy, id map[string]string) (Query, error) {
 
 // action queues a bucket action for the next response.
 func (st *quotaStream) action(b *quotaBucket, a *rlqsv3.RateLimitQuotaResponse_BucketAction) {
-	a.BucketId = b.id
+	a.BucketId = b.echo
 	st.actions = append(st.actions, a)
 }
 
-// schedule sets when b is next looked at (at most one time per bucket).
+// schedule sets when b is next looked at (at most one time per bucket): at, or the end of its
+// slot (never sooner).
 func (st *quotaStream) schedule(b *quotaBucket, at clock.Nanos) {
-	b.dueAt = at
+	st.setDue(b, at+(clock.Of(quotaSlot)-at%clock.Of(quotaSlot))%clock.Of(quotaSlot))
+}
+
+// scheduleBy sets b to be looked at by at: at the start of at's slot (never later), or at itself
+// if that slot has begun by now.
+func (st *quotaStream) scheduleBy(b *quotaBucket, now, at clock.Nanos) {
+	if s := at - at%clock.Of(quotaSlot); s > now {
+		at = s
+	}
+	st.setDue(b, at)
+}
+
+func (st *quotaStream) setDue(b *quotaBucket, at clock.Nanos) {
 	if b.index >= 0 {
+		st.due[b.index].at = at
 		heap.Fix(&st.due, b.index)
 		return
 	}
-	heap.Push(&st.due, b)
+	heap.Push(&st.due, dueEntry{at: at, b: b})
 }
 
 func (st *quotaStream) unschedule(b *quotaBucket) {
@@ -394,15 +531,28 @@ func (st *quotaStream) unschedule(b *quotaBucket) {
 // onDue looks at every bucket whose time came.
 func (st *quotaStream) onDue() {
 	now := st.s.now()
-	for len(st.due) > 0 && st.due[0].dueAt <= now {
-		b := heap.Pop(&st.due).(*quotaBucket)
+	for len(st.due) > 0 && st.due[0].at <= now {
+		b := heap.Pop(&st.due).(dueEntry).b
+		if b.polling {
+			st.poll(now, b)
+			continue
+		}
 		st.refresh(now, b, false)
 	}
 }
 
-// wait makes b wait for its reservation's refill.
-func (st *quotaStream) wait(b *quotaBucket, t *Ticket) {
+// wait makes b wait for its reservation's refill. A bucket with an action in force looks at its
+// refill on the grid, with the buckets due then (the refresh lead leaves room for a refill and a
+// slot): no goroutine, and its answer leaves with theirs. A bucket waiting for its first
+// assignment, which Envoy answers with its no_assignment_behavior meanwhile, is answered the
+// moment the refill comes.
+func (st *quotaStream) wait(now clock.Nanos, b *quotaBucket, t *Ticket) {
 	b.ticket = t
+	if b.state != quotaNone {
+		b.polling, b.waitFrom = true, now
+		st.schedule(b, now+1)
+		return
+	}
 	st.wg.Go(func() {
 		timer := time.NewTimer(quotaWaitBound)
 		defer timer.Stop()
@@ -419,13 +569,27 @@ func (st *quotaStream) wait(b *quotaBucket, t *Ticket) {
 	})
 }
 
+// poll looks at the refill a polling bucket waits for: the reservation is completed once the
+// refill came or the wait bound passed, else looked at again in the next slot.
+func (st *quotaStream) poll(now clock.Nanos, b *quotaBucket) {
+	select {
+	case <-b.ticket.Ready():
+	default:
+		if now-b.waitFrom < clock.Of(quotaWaitBound) {
+			st.schedule(b, now+1)
+			return
+		}
+	}
+	st.onReady(b)
+}
+
 // onReady completes the reservation b waited for (or gives up on it past the wait bound).
 func (st *quotaStream) onReady(b *quotaBucket) {
 	t := b.ticket
-	if t == nil || st.buckets[b.sig] != b {
+	if t == nil || b.gone {
 		return // abandoned meanwhile: the ticket was dropped then
 	}
-	b.ticket = nil
+	b.ticket, b.polling = nil, false
 	now := st.s.now()
 	select {
 	case <-t.Ready():
@@ -442,25 +606,31 @@ func (st *quotaStream) onReady(b *quotaBucket) {
 	st.decided(now, b, r, v)
 }
 
-// dueHeap orders buckets by when they are next looked at.
-type dueHeap []*quotaBucket
+// dueHeap orders buckets by when they are next looked at. An entry holds its time, so that
+// ordering reads the heap's array only.
+type dueHeap []dueEntry
+
+type dueEntry struct {
+	at clock.Nanos
+	b  *quotaBucket
+}
 
 func (h dueHeap) Len() int           { return len(h) }
-func (h dueHeap) Less(i, j int) bool { return h[i].dueAt < h[j].dueAt }
+func (h dueHeap) Less(i, j int) bool { return h[i].at < h[j].at }
 func (h dueHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].index, h[j].index = i, j
+	h[i].b.index, h[j].b.index = i, j
 }
 func (h *dueHeap) Push(x any) {
-	b := x.(*quotaBucket)
-	b.index = len(*h)
-	*h = append(*h, b)
+	e := x.(dueEntry)
+	e.b.index = len(*h)
+	*h = append(*h, e)
 }
 func (h *dueHeap) Pop() any {
 	old := *h
-	b := old[len(old)-1]
-	old[len(old)-1] = nil
-	b.index = -1
+	e := old[len(old)-1]
+	old[len(old)-1] = dueEntry{}
+	e.b.index = -1
 	*h = old[:len(old)-1]
-	return b
+	return e
 }

@@ -20,17 +20,22 @@ import (
 // quotaBucket is one bucket of one stream: what Envoy reported of it, and the assignments the
 // agent sent for it that may still admit requests, each backed by a reservation.
 type quotaBucket struct {
-	sig string
-	id  *rlqsv3.BucketId // as Envoy sent it, echoed in every action
-	q   Query
-	err error // the bucket cannot be mapped to a key (answered DENY_ALL)
+	sig  string
+	id   *rlqsv3.BucketId // as Envoy sent it
+	echo *rlqsv3.BucketId // id, encoded once, in every action (echoBucketID)
+	gone bool             // abandoned: the stream holds it no more
+	q    Query
+	err  error // the bucket cannot be mapped to a key (answered DENY_ALL)
 
-	// The key, as last resolved.
-	unit      bucket.Micro // one request
-	emergency bool         // the rule's failure mode is its emergency bucket
-	key       string       // the bucket key its demand is counted under (quotaService.observe)
-	keyOf     string       // the bucket key in the policy version keyVersion (keyOf's cache)
-	keyVer    string
+	// The key, as last resolved (resolveBucket), in the policy view resolvedIn.
+	resolvedIn *view
+	unit       bucket.Micro // one request
+	emergency  bool         // the rule's failure mode is its emergency bucket
+	shadow     bool         // the rule is a shadow rule: ALLOW_ALL
+	plan       quotaPlan    // how the key's assignments are timed
+	burst      bucket.Micro // the key's burst, in requests
+	key        string       // the bucket key its demand is counted under (quotaService.observe)
+	keyOf      string       // the bucket key in the view resolvedIn
 
 	// Usage, from Envoy's reports (agent clock).
 	allowed    uint64      // requests Envoy reported allowed, in all
@@ -45,9 +50,11 @@ type quotaBucket struct {
 	cur    *quotaAssignment   // the last token bucket sent
 	live   []*quotaAssignment // token buckets Envoy may still admit from, oldest first
 	ticket *Ticket            // a reservation waiting for a refill
-	ask    ReserveAsk         // what the reservation asked for
+	// polling: ticket's refill is looked at on the stream's grid (wait), since waitFrom
+	polling  bool
+	waitFrom clock.Nanos
+	ask      ReserveAsk // what the reservation asked for
 
-	dueAt clock.Nanos
 	index int // in the stream's dueHeap; -1 when not scheduled
 }
 
@@ -145,7 +152,8 @@ func (st *quotaStream) report(now clock.Nanos, b *quotaBucket, u *rlqsv3.RateLim
 	allowed, denied := min(u.NumRequestsAllowed, maxCount), min(u.NumRequestsDenied, maxCount)
 	b.allowed = min(b.allowed+allowed, math.MaxUint64/2)
 	n := float64(allowed + denied)
-	st.s.metrics.quota().usage(allowed, denied)
+	st.allowedN += allowed
+	st.deniedN += denied
 	if b.reports > 0 {
 		// The rate since the last report, on the agent's clock (Envoy's time_elapsed is whole
 		// seconds); averaged with the previous estimate.
@@ -178,20 +186,15 @@ func (st *quotaStream) report(now clock.Nanos, b *quotaBucket, u *rlqsv3.RateLim
 		// allowed its whole burst since it was sent): ask for more now rather than at its end.
 		st.refresh(now, b, true)
 	}
-	if b.err == nil && b.unit > 0 {
-		st.qs.observe(b, st.keyOf(b), b.rate)
+	if b.err == nil && b.unit > 0 && st.keyOf(b) != "" {
+		st.observed = append(st.observed, b)
 	}
 }
 
-// keyOf is b's bucket key in the current policy ("" if it has none), resolved once per policy
-// version.
+// keyOf is b's bucket key in the current policy ("" if it has none).
 func (st *quotaStream) keyOf(b *quotaBucket) string {
-	v := st.s.lim.view.Load()
-	if ver := v.set.Version(); ver != b.keyVer {
-		b.keyOf, b.keyVer = "", ver
-		if res, err := st.s.lim.resolve(v, b.q); err == nil {
-			b.keyOf = res.key(b.q.Tenant)
-		}
+	if st.resolveBucket(b) != nil {
+		return ""
 	}
 	return b.keyOf
 }
@@ -203,39 +206,30 @@ func (st *quotaStream) refresh(now clock.Nanos, b *quotaBucket, early bool) {
 	if b.ticket != nil {
 		return
 	}
-	set := st.s.lim.Policy()
-	q, err := quotaQuery(set.Envoy(), b.id.GetBucket())
+	err := st.resolveBucket(b)
 	if err == nil {
-		b.q = q
-		var res resolved
-		if res, err = st.s.lim.resolve(st.s.lim.view.Load(), q); err == nil {
-			b.unit = bucket.Micro(res.cost)
-			b.emergency = res.route.Rule.OnFailure == policy.Emergency && res.lim.Emergency != nil
-			if res.route.Rule.Shadow {
-				b.err = nil
-				st.allowAll(now, b)
-				return
-			}
-			plan := planAssignments(lease.TTL(res.lim.Bucket))
-			// What Envoy's clients offer until the next assignment, a tenth of a second more for
-			// their bursts, and one; at most the burst.
-			burst := res.lim.Bucket.Capacity() / b.unit
-			want := min(math.Ceil(b.rate*(plan.target+AssignmentMargin+quotaBurstAllowance).Seconds())+1, float64(burst))
-			b.ask = ReserveAsk{Want: bucket.Micro(max(want, 2)) * b.unit, Least: 2 * b.unit, Life: plan.life}
-			for range 3 { // a key retired meanwhile is looked up again
-				r, v, rerr := st.s.lim.Reserve(now, q, b.ask)
-				if err = rerr; err != nil || v.Outcome != Wait || v.Ticket != retryTicket {
-					if err == nil {
-						b.err = nil
-						if v.Outcome == Wait {
-							st.wait(b, v.Ticket)
-							return
-						}
-						st.decided(now, b, r, v)
+		if b.shadow {
+			b.err = nil
+			st.allowAll(now, b)
+			return
+		}
+		// What Envoy's clients offer until the next assignment, a tenth of a second more for
+		// their bursts, and one; at most the burst.
+		want := min(math.Ceil(b.rate*(b.plan.target+AssignmentMargin+quotaBurstAllowance).Seconds())+1, float64(b.burst))
+		b.ask = ReserveAsk{Want: bucket.Micro(max(want, 2)) * b.unit, Least: 2 * b.unit, Life: b.plan.life}
+		for range 3 { // a key retired meanwhile is looked up again
+			r, v, rerr := st.s.lim.Reserve(now, b.q, b.ask)
+			if err = rerr; err != nil || v.Outcome != Wait || v.Ticket != retryTicket {
+				if err == nil {
+					b.err = nil
+					if v.Outcome == Wait {
+						st.wait(now, b, v.Ticket)
 						return
 					}
-					break
+					st.decided(now, b, r, v)
+					return
 				}
+				break
 			}
 		}
 	}
@@ -244,6 +238,33 @@ func (st *quotaStream) refresh(now clock.Nanos, b *quotaBucket, early bool) {
 		return
 	}
 	st.invalid(now, b, err)
+}
+
+// resolveBucket maps b to its query and what the key's rule says of its assignments, once per
+// policy view: a bucket is refreshed about every second, its policy changes seldom.
+func (st *quotaStream) resolveBucket(b *quotaBucket) error {
+	v := st.s.lim.view.Load()
+	if b.resolvedIn == v {
+		return nil
+	}
+	b.resolvedIn = nil
+	q, err := quotaQuery(v.set.Envoy(), b.id.GetBucket())
+	if err != nil {
+		return err
+	}
+	b.q = q
+	res, err := st.s.lim.resolve(v, q)
+	if err != nil {
+		return err
+	}
+	b.unit = bucket.Micro(res.cost)
+	b.emergency = res.route.Rule.OnFailure == policy.Emergency && res.lim.Emergency != nil
+	b.shadow = res.route.Rule.Shadow
+	b.plan = planAssignments(lease.TTL(res.lim.Bucket))
+	b.burst = res.lim.Bucket.Capacity() / b.unit
+	b.keyOf = res.key(q.Tenant)
+	b.resolvedIn = v
+	return nil
 }
 
 // decided acts on a reservation's outcome.
@@ -280,13 +301,9 @@ func (st *quotaStream) assign(b *quotaBucket, r Reservation) {
 	b.cur, b.state = a, quotaTokens
 	st.s.metrics.quota().reserved(int64(handed))
 	st.s.metrics.quota().assigned("token_bucket")
-	st.action(b, assignment(ttl, &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
-		MaxTokens:     uint32(bMax),
-		TokensPerFill: wrapperspb.UInt32(uint32(f)),
-		FillInterval:  durationpb.New(time.Second),
-	}}}))
+	st.action(b, tokenBucketAction(ttl, bMax, f))
 	lead := min(quotaRefreshLead, ttl/2)
-	st.schedule(b, now+clock.Of(ttl-lead))
+	st.scheduleBy(b, now, now+clock.Of(ttl-lead))
 }
 
 // refused answers a key the global bucket refuses: DENY_ALL until it may allow again (a little
@@ -335,7 +352,7 @@ func (st *quotaStream) keepCurrent(now clock.Nanos, b *quotaBucket) bool {
 	}
 	end := b.cur.sentAt + clock.Of(b.cur.ttl)
 	if end-now > clock.Of(quotaRefreshLead) {
-		st.schedule(b, end-clock.Of(min(quotaRefreshLead, b.cur.ttl/2)))
+		st.scheduleBy(b, now, end-clock.Of(min(quotaRefreshLead, b.cur.ttl/2)))
 		return true
 	}
 	return false
@@ -356,7 +373,7 @@ func (st *quotaStream) allowAll(now clock.Nanos, b *quotaBucket) {
 	b.state = quotaAllowAll
 	st.s.metrics.quota().assigned("allow_all")
 	st.action(b, assignment(quotaAllowTTL, blanket(typev3.RateLimitStrategy_ALLOW_ALL)))
-	st.schedule(b, now+clock.Of(quotaAllowTTL-quotaRefreshLead))
+	st.scheduleBy(b, now, now+clock.Of(quotaAllowTTL-quotaRefreshLead))
 }
 
 // invalid answers a bucket that maps to no key: DENY_ALL (the request is refused, as Envoy's RLS
@@ -371,9 +388,9 @@ func (st *quotaStream) invalid(now clock.Nanos, b *quotaBucket, err error) {
 		}
 	}
 	b.err = err
-	st.qs.observe(b, "", -1)
+	st.qs.observe(now, b, "", -1)
 	st.denyAll(now, b, quotaInvalidTTL)
-	st.schedule(b, now+clock.Of(quotaInvalidTTL-quotaRefreshLead))
+	st.scheduleBy(b, now, now+clock.Of(quotaInvalidTTL-quotaRefreshLead))
 }
 
 // abandon tells Envoy to forget b, idle for the stream's idle time: its assignments are settled
@@ -385,6 +402,7 @@ func (st *quotaStream) abandon(now clock.Nanos, b *quotaBucket) {
 		AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}}})
 	st.forget(now, b)
 	delete(st.buckets, b.sig)
+	b.gone = true
 }
 
 // forget ends the stream's business with b: a waiting reservation is dropped and every
@@ -392,11 +410,11 @@ func (st *quotaStream) abandon(now clock.Nanos, b *quotaBucket) {
 func (st *quotaStream) forget(now clock.Nanos, b *quotaBucket) {
 	if b.ticket != nil {
 		st.s.lim.Unreserve(now, b.ticket)
-		b.ticket = nil
+		b.ticket, b.polling = nil, false
 	}
 	st.settle(now, b, true)
 	st.unschedule(b)
-	st.qs.observe(b, "", -1)
+	st.qs.observe(now, b, "", -1)
 	st.s.metrics.quota().bucket(-1)
 }
 
@@ -450,6 +468,36 @@ func refilled(f int64, from, to clock.Nanos) uint64 {
 	}
 	ms := (to - from + clock.Of(time.Millisecond) - 1) / clock.Of(time.Millisecond)
 	return uint64(f) * uint64(ms) / 1000
+}
+
+// tokenBucketAssignment is a token bucket assignment action, its nine messages in one allocation:
+// every bucket of every stream gets one about every second.
+type tokenBucketAssignment struct {
+	action   rlqsv3.RateLimitQuotaResponse_BucketAction
+	oneof    rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_
+	assign   rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction
+	ttl      durationpb.Duration
+	strategy typev3.RateLimitStrategy
+	tbOneof  typev3.RateLimitStrategy_TokenBucket
+	tb       typev3.TokenBucket
+	perFill  wrapperspb.UInt32Value
+	interval durationpb.Duration
+}
+
+// tokenBucketAction is the assignment of a token bucket of bMax tokens that gains f every second,
+// for ttl.
+func tokenBucketAction(ttl time.Duration, bMax, f int64) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	x := new(tokenBucketAssignment)
+	x.ttl.Seconds, x.ttl.Nanos = int64(ttl/time.Second), int32(ttl%time.Second)
+	x.interval.Seconds = 1
+	x.perFill.Value = uint32(f)
+	x.tb.MaxTokens, x.tb.TokensPerFill, x.tb.FillInterval = uint32(bMax), &x.perFill, &x.interval
+	x.tbOneof.TokenBucket = &x.tb
+	x.strategy.Strategy = &x.tbOneof
+	x.assign.AssignmentTimeToLive, x.assign.RateLimitStrategy = &x.ttl, &x.strategy
+	x.oneof.QuotaAssignmentAction = &x.assign
+	x.action.BucketAction = &x.oneof
+	return &x.action
 }
 
 // assignment is a quota assignment action of strategy for ttl.

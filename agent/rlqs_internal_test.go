@@ -6,6 +6,12 @@ import (
 	"testing"
 	"time"
 
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
 	"github.com/leasebucket/leasebucket/internal/clock"
 	"github.com/leasebucket/leasebucket/internal/lease"
 )
@@ -94,4 +100,75 @@ func FuzzBucketSig(f *testing.F) {
 			t.Fatalf("ids %q and %q: same signature %v, same entries %v", ma, mb, got, want)
 		}
 	})
+}
+
+// TestTokenBucketAction: the one-allocation token bucket assignment is the message built the
+// plain way, field for field.
+func TestTokenBucketAction(t *testing.T) {
+	for _, tc := range []struct {
+		ttl     time.Duration
+		bMax, f int64
+	}{{time.Second, 3, 9}, {2 * time.Second, 1, 1}, {899 * time.Millisecond, 1<<31 - 1, 1}, {20 * time.Millisecond, 7, 0}} {
+		want := assignment(tc.ttl, &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
+			MaxTokens:     uint32(tc.bMax),
+			TokensPerFill: wrapperspb.UInt32(uint32(tc.f)),
+			FillInterval:  durationpb.New(time.Second),
+		}}})
+		if got := tokenBucketAction(tc.ttl, tc.bMax, tc.f); !proto.Equal(got, want) {
+			t.Errorf("tokenBucketAction(%v, %d, %d) = %v, want %v", tc.ttl, tc.bMax, tc.f, got, want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = tokenBucketAction(time.Second, 3, 9) }); n != 1 {
+		t.Errorf("tokenBucketAction: %v allocations, want 1", n)
+	}
+}
+
+// TestBucketSigLookup: a known bucket's signature is built in the stream's buffer and looked up
+// without an allocation; the signature appended is bucketSig's.
+func TestBucketSigLookup(t *testing.T) {
+	id := map[string]string{"tenant": "acme", "path": "/q/{id}", "method": "GET"}
+	m := map[string]int{bucketSig(id): 1}
+	buf := appendBucketSig(nil, id)
+	if string(buf) != bucketSig(id) {
+		t.Fatalf("appendBucketSig = %q, want %q", buf, bucketSig(id))
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		buf = appendBucketSig(buf[:0], id)
+		if m[string(buf)] != 1 {
+			t.Fatal("the bucket is not found by its signature")
+		}
+	}); n != 0 {
+		t.Errorf("a known bucket's lookup: %v allocations, want none", n)
+	}
+}
+
+// TestEchoBucketID: the bucket id an action echoes reads on the wire as the id Envoy sent, alone
+// and inside an action.
+func TestEchoBucketID(t *testing.T) {
+	for _, m := range []map[string]string{
+		{"tenant": "acme", "path": "/q/{id}", "method": "GET"},
+		{"": ""},
+		{"k": strings.Repeat("v", 300), "é": "\x00"},
+	} {
+		id := &rlqsv3.BucketId{Bucket: m}
+		raw, err := proto.Marshal(echoBucketID(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got rlqsv3.BucketId
+		if err := proto.Unmarshal(raw, &got); err != nil || !maps.Equal(got.Bucket, m) {
+			t.Fatalf("echoBucketID(%v) reads as %v (%v)", m, got.Bucket, err)
+		}
+		a := tokenBucketAction(time.Second, 3, 9)
+		a.BucketId = echoBucketID(id)
+		want := tokenBucketAction(time.Second, 3, 9)
+		want.BucketId = id
+		if raw, err = proto.Marshal(&rlqsv3.RateLimitQuotaResponse{BucketAction: []*rlqsv3.RateLimitQuotaResponse_BucketAction{a}}); err != nil {
+			t.Fatal(err)
+		}
+		var resp rlqsv3.RateLimitQuotaResponse
+		if err := proto.Unmarshal(raw, &resp); err != nil || len(resp.BucketAction) != 1 || !proto.Equal(resp.BucketAction[0], want) {
+			t.Fatalf("an action echoing %v reads as %v (%v), want %v", m, &resp, err, want)
+		}
+	}
 }

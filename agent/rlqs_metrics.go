@@ -13,6 +13,9 @@ type quotaMetrics struct {
 	buckets   prometheus.Gauge
 	requests  *prometheus.CounterVec
 	actions   *prometheus.CounterVec
+	allowed   prometheus.Counter // requests{outcome="allowed"}, resolved once: every usage counts
+	denied    prometheus.Counter
+	byAction  map[string]prometheus.Counter // actions by label, resolved once
 	invalids  prometheus.Counter
 	refusals  prometheus.Counter
 	held      prometheus.Gauge
@@ -20,7 +23,7 @@ type quotaMetrics struct {
 }
 
 func newQuotaMetrics() *quotaMetrics {
-	return &quotaMetrics{
+	m := &quotaMetrics{
 		streams: prometheus.NewGauge(gaugeOpts("quota_streams",
 			"StreamRateLimitQuotas calls open (Envoy's rate limit quota service).")),
 		buckets: prometheus.NewGauge(gaugeOpts("quota_buckets",
@@ -40,6 +43,12 @@ func newQuotaMetrics() *quotaMetrics {
 		releasedT: prometheus.NewCounter(counterOpts("quota_released_tokens_total",
 			"Tokens of quota assignments given back once Envoy's reports showed it could no longer admit them (to the lease, or handed back to the coordinators).")),
 	}
+	m.allowed, m.denied = m.requests.WithLabelValues("allowed"), m.requests.WithLabelValues("denied")
+	m.byAction = map[string]prometheus.Counter{}
+	for _, a := range []string{"token_bucket", "deny_all", "expire", "allow_all", "abandon"} {
+		m.byAction[a] = m.actions.WithLabelValues(a)
+	}
+	return m
 }
 
 func (m *quotaMetrics) collectors() []prometheus.Collector {
@@ -68,13 +77,17 @@ func (m *quotaMetrics) bucket(delta float64) {
 
 func (m *quotaMetrics) usage(allowed, denied uint64) {
 	if m != nil {
-		m.requests.WithLabelValues("allowed").Add(float64(allowed))
-		m.requests.WithLabelValues("denied").Add(float64(denied))
+		m.allowed.Add(float64(allowed))
+		m.denied.Add(float64(denied))
 	}
 }
 
 func (m *quotaMetrics) assigned(action string) {
 	if m != nil {
+		if c := m.byAction[action]; c != nil {
+			c.Inc()
+			return
+		}
 		m.actions.WithLabelValues(action).Inc()
 	}
 }

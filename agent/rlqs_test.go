@@ -481,3 +481,105 @@ func TestQuotaBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestQuotaRefreshTogether: forty buckets subscribed a millisecond apart each get a token bucket;
+// a report of steady use gets no action in answer; before the first assignments end, every bucket
+// gets its next one, and those due within a slot of the stream's grid leave together: a few
+// responses, not one a bucket.
+func TestQuotaRefreshTogether(t *testing.T) {
+	const n = 40
+	s := newStack(t, parsePolicy(t, quotaPolicy), stackOptions{})
+	s.runStoreClock(t)
+	_, conn, _, _ := s.serve(t)
+	st := quotaStream(t, conn)
+	report := func(allowed uint64) {
+		t.Helper()
+		m := &rlqsv3.RateLimitQuotaUsageReports{Domain: "leasebucket"}
+		for i := range n {
+			m.BucketQuotaUsages = append(m.BucketQuotaUsages, usage(bucketID(fmt.Sprintf("t%d", i), "/q/{id}", "GET"), allowed, 0))
+		}
+		if err := st.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type response struct {
+		at      time.Time
+		buckets []string // of its token bucket actions
+		ttl     time.Duration
+	}
+	resps := make(chan response, 4*n)
+	go func() {
+		for {
+			r, err := st.Recv()
+			if err != nil {
+				close(resps)
+				return
+			}
+			got := response{at: time.Now()}
+			for _, a := range r.BucketAction {
+				qa := a.GetQuotaAssignmentAction()
+				if qa.GetRateLimitStrategy().GetTokenBucket() == nil {
+					t.Errorf("action %v, want a token bucket", a)
+					continue
+				}
+				got.buckets = append(got.buckets, envoyquota.Sig(a.GetBucketId().GetBucket()))
+				got.ttl = qa.GetAssignmentTimeToLive().AsDuration()
+			}
+			resps <- got
+		}
+	}()
+	// round collects responses until every bucket had a token bucket; it returns when each got
+	// it, the shortest ttl, and how many responses carried them.
+	round := func(what string) (at map[string]time.Time, ttl time.Duration, msgs int) {
+		t.Helper()
+		at = map[string]time.Time{}
+		for len(at) < n {
+			select {
+			case r, ok := <-resps:
+				if !ok {
+					t.Fatalf("%s: the stream ended", what)
+				}
+				if msgs == 0 || r.ttl < ttl {
+					ttl = r.ttl
+				}
+				msgs++
+				for _, b := range r.buckets {
+					if _, ok := at[b]; !ok {
+						at[b] = r.at
+					}
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%s: %d of %d buckets got a token bucket", what, len(at), n)
+			}
+		}
+		return at, ttl, msgs
+	}
+	for i := range n {
+		m := &rlqsv3.RateLimitQuotaUsageReports{Domain: "leasebucket", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			usage(bucketID(fmt.Sprintf("t%d", i), "/q/{id}", "GET"), 1, 0)}}
+		if err := st.Send(m); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	first, ttl, _ := round("first assignments")
+	if ttl < time.Second {
+		t.Fatalf("ttl %v, want whole seconds", ttl)
+	}
+	report(5) // steady use: nothing ran out
+	next, _, msgs := round("next assignments")
+	for b, at := range next {
+		// Sent 200–250 ms before the first one ends; a steady report is not answered.
+		if el := at.Sub(first[b]); el < ttl-quotaLead-100*time.Millisecond || el >= ttl {
+			t.Errorf("bucket %s: next assignment %v after the first, want it within %v before the first's ttl of %v ends",
+				b, el, quotaLead, ttl)
+		}
+	}
+	if msgs > n/5 {
+		t.Errorf("the next assignments of %d buckets came in %d responses, want them together", n, msgs)
+	}
+}
+
+// quotaLead is how long before an assignment ends the agent refreshes it, at most (its refresh
+// lead and a slot of its grid).
+const quotaLead = 250 * time.Millisecond
