@@ -72,11 +72,12 @@ const (
 // demand in its record of the key to sum the key's demand.
 //
 // Also, when set, are other buckets taken in the same atomic operation, all or nothing (a direct
-// check of a route with charges: docs/policy.md, "Several limits and tenant budgets"): each is
-// charged Want like Key, or none is. Such a take is exact (Want == Min, no share, unit, credit,
-// contention or calendar window), keeps its idempotency record in Key only, and its result names
-// the bucket that refused (TakeResult.Refused). On Redis Cluster every key must share one slot
-// (policy keys of buckets charged together hold the tenant's hash tag).
+// check of a route with charges: docs/policy.md, "Several limits and tenant budgets"): the grant
+// is decided as one take from a bucket holding the least any of them holds (up to Want, at least
+// Min, cut to whole Units) and debited from every bucket, or nothing is. Such a take has no share
+// cap, credit, contention rule or calendar window; it keeps its idempotency record in Key only,
+// and its result names the bucket that refused (TakeResult.Refused). On Redis Cluster every key
+// must share one slot (policy keys of buckets charged together hold the tenant's hash tag).
 type TakeRequest struct {
 	Key    string
 	Limit  bucket.Limit
@@ -129,7 +130,7 @@ type TakeResult struct {
 	Stale    bool  // Seq older than the agent's last operation on this key: nothing was done
 	Err      error // this key failed; the others may have succeeded
 	// Refused, for a denied take with Also, is the bucket that refused, the one of the longest
-	// RetryAfter among those that could not cover Want: 0 for Key, i+1 for Also[i]. Such a
+	// RetryAfter among those that could not cover Min: 0 for Key, i+1 for Also[i]. Such a
 	// take's Remaining is the least any of its buckets holds after it.
 	Refused int
 }
@@ -199,8 +200,8 @@ func (r *TakeRequest) validateAlso() error {
 	switch {
 	case len(r.Also) > MaxAlso:
 		return fmt.Errorf("%w: key %q takes %d other buckets, at most %d", ErrInvalidRequest, r.Key, len(r.Also), MaxAlso)
-	case r.Want != r.Min || r.Share != 0 && r.Share != bucket.WholeShare || r.Credit.Amount != 0 || r.TTL != 0 || !r.Period.IsZero():
-		return fmt.Errorf("%w: key %q takes other buckets: want exact (want = min, no share, credit, lease lifetime or window)", ErrInvalidRequest, r.Key)
+	case r.CreditOnly() || r.Share != 0 && r.Share != bucket.WholeShare || r.Credit.Amount != 0 || r.TTL != 0 || !r.Period.IsZero():
+		return fmt.Errorf("%w: key %q takes other buckets: no share, credit, lease lifetime or window", ErrInvalidRequest, r.Key)
 	}
 	for i, b := range r.Also {
 		switch {

@@ -360,7 +360,7 @@ func (d *diffRun) takes() {
 		}
 		if !d.counter[0] && !d.counter[1] && d.src.n(3) == 0 {
 			// A take of both buckets at once, all or nothing (a direct check with charges).
-			reqs[i] = coordinator.TakeRequest{Key: d.keys[k], Limit: l, Want: want, Min: want, Op: reqs[i].Op,
+			reqs[i] = coordinator.TakeRequest{Key: d.keys[k], Limit: l, Want: want, Min: least, Unit: unit, Op: reqs[i].Op,
 				Also: []coordinator.Bucket{{Key: d.keys[1-k], Limit: d.limits[1-k]}}}
 			if d.src.n(20) == 0 {
 				reqs[i].Also[0].Key = reqs[i].Key // invalid: both stores must reject it

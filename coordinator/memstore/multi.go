@@ -19,7 +19,7 @@ type multiRecord struct {
 	Now        bucket.Millis
 }
 
-// takeAll is take for a request with Also: every bucket is charged Want or none is, under the
+// takeAll is take for a request with Also: every bucket is charged the same grant or none is, under the
 // locks of every shard involved (taken in shard order, so two such takes never deadlock). It
 // follows multi.lua: a denial stores only the first bucket's refilled state and the record, a
 // grant stores every bucket.
@@ -70,6 +70,7 @@ func (s *Store) takeAll(r *coordinator.TakeRequest, now bucket.Millis) coordinat
 	states := make([]bucket.State, len(keys))
 	res := bucket.Result{Granted: r.Want}
 	refused := 0
+	low := bucket.Micro(bucket.MaxExact) // the least any bucket holds
 	for i := range keys {
 		if entries[i] != nil {
 			states[i] = entries[i].state
@@ -77,11 +78,12 @@ func (s *Store) takeAll(r *coordinator.TakeRequest, now bucket.Millis) coordinat
 			states[i] = bucket.Full(limits[i], now)
 		}
 		states[i].Refill(limits[i], now)
-		if states[i].Tokens >= r.Want {
+		low = min(low, states[i].Tokens)
+		if states[i].Tokens >= r.Min {
 			continue
 		}
 		probe := states[i]
-		retry := probe.Take(limits[i], now, r.Want, r.Want).RetryAfter
+		retry := probe.Take(limits[i], now, r.Min, r.Min).RetryAfter
 		if res.Granted != 0 || longer(retry, res.RetryAfter) {
 			res.RetryAfter, refused = retry, i
 		}
@@ -89,9 +91,13 @@ func (s *Store) takeAll(r *coordinator.TakeRequest, now bucket.Millis) coordinat
 	}
 	commit := 1 // a denial stores the first bucket's refill and the record
 	if res.Granted != 0 {
+		// State.TakeShare without a share cap, from a bucket holding the least of them (refilled:
+		// Last is now).
+		least := bucket.State{Tokens: low, Last: now}
+		res.Granted = least.TakeShare(limits[0], now, r.Want, r.Min, bucket.WholeShare, max(1, r.Unit)).Granted
 		commit = len(keys) // a grant stores every bucket
 		for i := range states {
-			states[i].Tokens -= r.Want
+			states[i].Tokens -= res.Granted
 		}
 	}
 	for i, st := range states {

@@ -1,4 +1,4 @@
--- multi.lua: one exact take of the same amount from several global token buckets, all or nothing
+-- multi.lua: one take of the same amount from several global token buckets, all or nothing
 -- (coordinator.TakeRequest with Also: a direct check of a route with charges), with the arithmetic
 -- of internal/bucket (State.Refill, State.Take, Full for a missing key) and the idempotency record
 -- of coordinator.OpID kept in the first bucket. It touches only its KEYS, which share one Redis
@@ -8,23 +8,24 @@
 --          alone); KEYS[1] also holds
 --   m:<agent>  that agent's last take of several buckets: "seq granted remaining retry refused now"
 -- ARGV     'multi', capacity, num, den, fill (KEYS[1]'s bucket.Limit),
---          want, want, 1000 (an exact take: least = want, no share),
+--          want, least, 1000 (no share cap),
 --          agent ("" = not idempotent), seq, now ("" = Redis TIME),
 --          record_keep, max_records, expiry_margin (coordinator constants),
---          1, 0, 0 (no unit, no lease handed back),
+--          unit, 0, 0 (no lease handed back),
 --          then for each of KEYS[2..]: capacity, num, den, fill
--- Returns  {granted, remaining, retry_after, now, flags, refused, 0}: granted is want or 0;
---          remaining the least any bucket holds afterwards; retry_after, when denied, the longest
---          among the buckets that cannot cover want (-1: never); now KEYS[1]'s clock; flags 1
---          replayed, 2 stale; refused, when denied, the index (0-based) of the bucket of that
---          longest retry.
+-- Returns  {granted, remaining, retry_after, now, flags, refused, 0}: granted is what a take of
+--          want, at least least, in whole units when cut (State.TakeShare), grants from a bucket
+--          holding the least any of them holds, or 0; remaining the least any bucket holds
+--          afterwards; retry_after, when denied, the longest among the buckets that cannot cover
+--          least (-1: never); now KEYS[1]'s clock; flags 1 replayed, 2 stale; refused, when
+--          denied, the index (0-based) of the bucket of that longest retry.
 --
 -- A denial changes no bucket but the first, which stores its refill and the record (as a denied
--- take of bucket.lua does); a grant debits want from every bucket and stores each. Numbers follow
+-- take of bucket.lua does); a grant debits the same amount from every bucket and stores each. Numbers follow
 -- bucket.lua's header: integers below 2^53, no division but idiv, written with %d.
 --
 -- intmath.lua and common.lua, prepended to this script: idiv, ceil_div and int; ARGV 1 and
--- 6..17, now, rec_field, replay and sweep.
+-- 6..17, now, rec_field, replay, take_share and sweep.
 
 local n = #KEYS
 
@@ -114,16 +115,18 @@ for i = 1, n do
   st[i] = {tokens = tokens, last = last, frac = frac, expiry = expiry}
 end
 
--- All or nothing: the longest retry among the buckets that cannot cover want names the refusal.
+-- All or nothing: the longest retry among the buckets that cannot cover least names the refusal.
 local granted, retry, refused = want, 0, 0
+local low = st[1].tokens -- the least any bucket holds
 for i = 1, n do
   local s, m = st[i], lims[i]
-  if s.tokens < want then
+  low = math.min(low, s.tokens)
+  if s.tokens < least then
     local r
-    if want > m.capacity or m.num == 0 then
+    if least > m.capacity or m.num == 0 then
       r = NEVER
     else
-      r = time_for(m, want - s.tokens, s.frac)
+      r = time_for(m, least - s.tokens, s.frac)
     end
     if granted ~= 0 or (retry ~= NEVER and (r == NEVER or r > retry)) then
       retry, refused = r, i - 1
@@ -133,9 +136,10 @@ for i = 1, n do
 end
 local commit = 1 -- a denial stores the first bucket's refill and the record
 if granted > 0 then
+  granted = take_share(low, want, share) -- common.lua: from a bucket holding the least of them
   commit = n -- a grant stores every bucket
   for i = 1, n do
-    st[i].tokens = st[i].tokens - want
+    st[i].tokens = st[i].tokens - granted
   end
 end
 local remaining = st[1].tokens

@@ -180,10 +180,10 @@ func newCounterCall(item int, key, op string, l bucket.Limit, w bucket.Window, a
 	}}
 }
 
-// newMultiCall is multi.lua's invocation for request r (with Also): newCall's arguments of an
-// exact take of r.Want from r.Key, then the limit of each other bucket.
+// newMultiCall is multi.lua's invocation for request r (with Also): newCall's arguments of a take
+// from r.Key without a share cap, then the limit of each other bucket.
 func newMultiCall(item int, r *coordinator.TakeRequest, now any) call {
-	c := newCall(item, r.Key, "multi", r.Limit, int64(r.Want), int64(r.Want), bucket.WholeShare, r.Op, now, 1, coordinator.Credit{}, 0, 0)
+	c := newCall(item, r.Key, "multi", r.Limit, int64(r.Want), int64(r.Min), bucket.WholeShare, r.Op, now, int64(max(1, r.Unit)), coordinator.Credit{}, 0, 0)
 	c.args = c.args[:17] // no demand or lease lifetime: the other limits follow
 	for _, b := range r.Also {
 		num, den := b.Limit.Rate()

@@ -105,7 +105,7 @@ var multiCases = []testCase{
 		a := limit(f.t, 10*tok, tok, 100)
 		ok := coordinator.Bucket{Key: "b", Limit: a}
 		for _, r := range []coordinator.TakeRequest{
-			{Key: "a", Limit: a, Want: 2 * tok, Min: tok, Also: []coordinator.Bucket{ok}},
+			{Key: "a", Limit: a, Also: []coordinator.Bucket{ok}},
 			{Key: "a", Limit: a, Want: tok, Min: tok, Share: 500, Also: []coordinator.Bucket{ok}},
 			{Key: "a", Limit: a, Want: tok, Min: tok, Credit: coordinator.Credit{Amount: tok}, Also: []coordinator.Bucket{ok}},
 			{Key: "a", Limit: a, Want: tok, Min: tok, TTL: 1000, Also: []coordinator.Bucket{ok}},
@@ -120,6 +120,19 @@ var multiCases = []testCase{
 			}
 		}
 		f.levels(lv{"a", a, 10 * tok}, lv{"b", a, 10 * tok})
+	}},
+	{"MultiPartial", func(f *fixture) {
+		// Up to want, at least min, in whole units when cut: decided on the least any bucket
+		// holds, debited from each.
+		a := limit(f.t, 10*tok, tok, 1000)
+		b := limit(f.t, 5*tok, tok, 1000)
+		r := coordinator.TakeRequest{Key: "a", Limit: a, Want: 4 * tok, Min: 2 * tok, Unit: 2 * tok, Also: []coordinator.Bucket{{Key: "b", Limit: b}}}
+		f.takeAll(r, want{granted: 4 * tok, remaining: tok, now: f.now}, 0)
+		// b holds 1: below min, refused by b; min's wait, not want's.
+		f.takeAll(r, want{remaining: tok, retry: 1000, now: f.now}, 1)
+		f.advance(2500) // b holds 3.5: cut to one unit of 2
+		f.takeAll(r, want{granted: 2 * tok, remaining: tok + tok/2, now: f.now}, 0)
+		f.levels(lv{"a", a, 6*tok + tok/2}, lv{"b", b, tok + tok/2})
 	}},
 	{"MultiBatch", func(f *fixture) {
 		// Takes of several buckets ride in a batch with single takes; each is atomic on its own.
