@@ -72,7 +72,7 @@ func TestAcquireDirectCharges(t *testing.T) {
 		direct(tok, tok, second),         // too few
 		direct(tok, tok, budget, second), // out of order
 		direct(tok, tok, second, second), // twice
-		direct(tok, tok, second, &coordinatorv1.BucketRef{Rule: "budget", Operation: "*", Tenant: "beta"}),                                                                                  // another tenant
+		direct(tok, tok, second, &coordinatorv1.BucketRef{Rule: "budget", Operation: "*", Tenant: "beta"}),                                                                                                // another tenant
 		{Bucket: &coordinatorv1.BucketRef{Rule: "leased", Route: "/leased", Operation: "write", Tenant: "acme"}, NeededMicro: int64(tok), MinMicro: int64(tok), Also: []*coordinatorv1.BucketRef{budget}}, // a leased route names none
 	} {
 		if r := call(it)[0]; r.Status != coordinatorv1.Status_STATUS_INVALID {

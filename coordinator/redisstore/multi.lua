@@ -67,23 +67,27 @@ end
 -- with no records, and a missing key is full as of now (bucket.Full).
 local st = {}
 local record = nil
+local competes = false -- KEYS[1] holds c (bucket.lua's contention field), kept as it is
 for i = 1, n do
   local k, m = KEYS[i], lims[i]
   local h
   if i == 1 then
-    h = redis.call('HMGET', k, 't', 'l', 'x', 'f', rec_field or 't')
+    h = redis.call('HMGET', k, 't', 'l', 'x', 'f', 'c', rec_field or 't')
   else
     h = redis.call('HMGET', k, 't', 'l', 'x', 'f')
   end
   local tokens, last, expiry, frac = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4]) or 0
-  if i == 1 and rec_field then
-    record = h[5]
+  if i == 1 then
+    competes = h[5] ~= false and h[5] ~= nil
+    if rec_field then
+      record = h[6]
+    end
   end
   if tokens and expiry and now >= expiry then
     redis.call('DEL', k)
     tokens, last, expiry, frac = nil, nil, nil, 0
     if i == 1 then
-      record = nil
+      record, competes = nil, false
     end
   end
   if i == 1 then
@@ -149,6 +153,7 @@ end
 
 -- Store: bucket.lua's fields and expiry (once full plus the margin the key is a full bucket
 -- again; a bucket that is not full and never refills persists).
+local first_expires = false
 for i = 1, commit do
   local k, s, m = KEYS[i], st[i], lims[i]
   local has_expiry = s.tokens >= m.capacity or m.num > 0
@@ -162,6 +167,9 @@ for i = 1, commit do
     new_expiry = s.last + ttf + expiry_margin -- last < 2^52, ttf <= 2^45
     fields[#fields + 1] = 'x'
     fields[#fields + 1] = int(new_expiry)
+    if i == 1 then
+      first_expires = true
+    end
   end
   if i == 1 and rec_field then
     fields[#fields + 1] = rec_field
@@ -183,10 +191,10 @@ end
 -- Sweep (common.lua) of KEYS[1]: besides the records it holds t, l, f, and x and c when it has
 -- them.
 local fixed = 3
-if redis.call('HEXISTS', key, 'x') == 1 then
+if first_expires then
   fixed = fixed + 1
 end
-if redis.call('HEXISTS', key, 'c') == 1 then
+if competes then
   fixed = fixed + 1
 end
 sweep(fixed, st[1].last)
