@@ -325,6 +325,11 @@ func (p *parser) tenantBudgets(s *Set, budgets []*ruleSrc, add func(*Rule, templ
 			if rt.rule.Of != nil || !s.covers(b, rt.op) {
 				continue
 			}
+			if rt.rule.Direct && b.Shadow && !rt.rule.Shadow {
+				p.errf(rt.rule.Line, rt.rule.Name, "rule %q has lease: off, and tenant budget %q (line %d) covering its operation %s is a shadow rule: a direct check takes every bucket in one atomic take, which a shadow budget must never refuse (make the budget enforcing, or keep leases on the rule)",
+					rt.rule.Name, b.Name, b.Line, rt.op)
+				continue
+			}
 			for _, q := range append([]Quota{b.Quota}, extraQuotas(b)...) {
 				if rt.rule.Direct && (q.Calendar != nil || rt.rule.Quota.Calendar != nil) {
 					// Direct mode takes every bucket of the check in one atomic script of token buckets.
