@@ -234,7 +234,7 @@ func (l *Limiter) serve(now clock.Nanos, e *entry, c int64) (v Verdict, ok bool)
 
 // check decides a resolved query.
 func (l *Limiter) check(now clock.Nanos, res *resolved, tenant string) Verdict {
-	if res.charges {
+	if res.charges && !directCharges(res) {
 		return l.checkCharges(now, res, tenant)
 	}
 	e := res.e
