@@ -399,7 +399,7 @@ func checkOutage(in CheckInput, o Outage) (OutageResult, []Violation) {
 			continue
 		}
 		switch r.Kind {
-		case KindMulti:
+		case KindMulti, KindDMulti:
 			multiChecks++
 			if r.Outcome == OutUnavailable {
 				multiUnavailable++

@@ -94,6 +94,9 @@ type LoadConfig struct {
 	// and a sixth of the load); 0: none.
 	Multi        float64
 	MultiTenants int
+	// DMulti is the checks a second of the dmulti rule (the multi rule in direct mode, under the
+	// same tenant budget) over the MultiTenants tenants, skewed as Multi; 0: none.
+	DMulti float64
 	// EnvoyEvery sends every n-th hot, cold, closed and emergency check through Envoy's
 	// ShouldRateLimit instead of Check (0: never).
 	EnvoyEvery int
@@ -131,6 +134,7 @@ type Load struct {
 	tail           []*Key
 	direct         *Key
 	multi          []*Key // the multi route's buckets (their Charges: multi#2 and the budget)
+	dmulti         []*Key // the dmulti route's buckets (their Charges: dmulti#2 and the budget)
 	churnSeq       []atomic.Int64
 	filters        []*envoyquota.Filter // per agent, with Quota
 }
@@ -176,6 +180,11 @@ func NewLoad(s *Stack, keys *Keys, cfg LoadConfig, seed uint64) (*Load, error) {
 	for i := range cfg.MultiTenants {
 		l.multi = append(l.multi, add(KindMulti, multiTenant(i), multiPath(0), multiOp()))
 	}
+	if cfg.DMulti > 0 {
+		for i := range cfg.MultiTenants {
+			l.dmulti = append(l.dmulti, add(KindDMulti, multiTenant(i), dmultiPath(0), multiOp()))
+		}
+	}
 	if err == nil && cfg.Multi > 0 && len(l.multi) == 0 {
 		err = fmt.Errorf("chaos: a multi load of %g/s needs MultiTenants", cfg.Multi)
 	}
@@ -211,7 +220,7 @@ func (l *Load) Start() {
 			rate float64
 		}{{KindHot, l.cfg.Hot}, {KindCold, l.cfg.Cold}, {KindChurn, l.cfg.Churn}, {KindClosed, l.cfg.Closed},
 			{KindEmergency, l.cfg.Emergency}, {KindLedger, l.cfg.Ledger}, {KindQuota, l.cfg.Quota},
-			{KindTail, l.cfg.Tail}, {KindDirect, l.cfg.Direct}, {KindMulti, l.cfg.Multi}} {
+			{KindTail, l.cfg.Tail}, {KindDirect, l.cfg.Direct}, {KindMulti, l.cfg.Multi}, {KindDMulti, l.cfg.DMulti}} {
 			if w.rate <= 0 {
 				continue
 			}
@@ -281,7 +290,7 @@ func (l *Load) ResumeMulti(i int) { l.multiGate[i].paused.Store(false) }
 
 // MultiKeys are the multi route's own buckets, one per tenant: the rule's first limit, a ledger
 // (each Key's Charges are the check's other buckets).
-func (l *Load) MultiKeys() []*Key { return l.multi }
+func (l *Load) MultiKeys() []*Key { return append(append([]*Key(nil), l.multi...), l.dmulti...) }
 
 // request is one check to send.
 type request struct {
@@ -327,7 +336,7 @@ func (l *Load) run(ai int, kind Kind, rate float64, rng *rand.Rand, slot int) {
 		switch kind {
 		case KindLedger:
 			gate = &l.ledger[ai]
-		case KindMulti:
+		case KindMulti, KindDMulti:
 			gate = &l.multiGate[ai]
 		}
 		if gate != nil {
@@ -406,7 +415,7 @@ func (l *Load) next(ai int, kind Kind, n int, rng *rand.Rand) request {
 		if rng.IntN(4) == 0 {
 			r.cost = 2
 		}
-	case KindMulti:
+	case KindMulti, KindDMulti:
 		// Tenant i with weight n − i: with three, a half, a third and a sixth of the load.
 		n := len(l.multi)
 		w := rng.IntN(n * (n + 1) / 2)
@@ -416,6 +425,9 @@ func (l *Load) next(ai int, kind Kind, n int, rng *rand.Rand) request {
 			i++
 		}
 		r.key, r.path, r.op = l.multi[i], multiPath(rng.IntN(1000)), multiOp()
+		if kind == KindDMulti {
+			r.key, r.path = l.dmulti[i], dmultiPath(rng.IntN(1000))
+		}
 	}
 	if r.key != nil {
 		r.tenant = r.key.Tenant

@@ -44,7 +44,12 @@ import (
 //     burst at the difference of the rates; then the budget binds, until the next fault lets it
 //     refill. Both fail closed with the same Retry-After, so a 503 says the same whichever of
 //     the check's buckets could not be reached.
-const PolicyText = `version: "chaos-2"
+//   - dmulti: the multi rule in direct mode (lease: off) for the same tenants and operation, so
+//     mbudget covers it too: each check is one atomic take from dmulti (a ledger, as multi's
+//     first limit), dmulti#2 (20/s, burst 10) and the tenant's mbudget, which the multi route
+//     keeps charging from leases. dmulti and dmulti#2 keep the direct bound C + r·w, mbudget its
+//     lease bound; a refused check must leave nothing on the ledger (the ledger check).
+const PolicyText = `version: "chaos-3"
 
 operations:
   transfer: spend
@@ -127,6 +132,16 @@ rules:
       - {limit: 20/second, burst: 10}
     retry_after_on_failure: 3s
 
+  - name: dmulti
+    description: The multi rule in direct mode; one atomic take of its limits and the tenant budget.
+    routes: ["/dm/{id}"]
+    operations: [spend]
+    lease: off
+    limits:
+      - {limit: 1/day, burst: 200000}
+      - {limit: 20/second, burst: 10}
+    retry_after_on_failure: 3s
+
   - name: mbudget
     description: A tenant budget over every spend operation, charged with the route's limits.
     scope: tenant
@@ -155,10 +170,11 @@ const (
 	KindTail   // the long tail: a key of thousands, each checked less often than its lease lives
 	KindDirect // the direct-mode rule (lease: off)
 	KindMulti  // the multi rule: three buckets (two limits and a tenant budget) all or nothing
+	KindDMulti // the dmulti rule: the multi rule's buckets in direct mode, one atomic take
 	numKinds
 )
 
-var kindNames = [numKinds]string{"hot", "cold", "churn", "closed", "emergency", "ledger", "quota", "tail", "direct", "multi"}
+var kindNames = [numKinds]string{"hot", "cold", "churn", "closed", "emergency", "ledger", "quota", "tail", "direct", "multi", "dmulti"}
 
 func (k Kind) String() string {
 	if k < numKinds {
@@ -280,6 +296,7 @@ func directPath(id int) string        { return fmt.Sprintf("/d/%d", id) }
 func multiTenant(i int) string        { return fmt.Sprintf("mt-%d", i) }
 func multiPath(id int) string         { return fmt.Sprintf("/m/%d", id) }
 func multiOp() string                 { return "transfer" }
+func dmultiPath(id int) string        { return fmt.Sprintf("/dm/%d", id) }
 func bystanderTenant() string         { return "bystander" }
 func abuseTenant(i int) string        { return fmt.Sprintf("abuse-%d", i) }
 func coldPath(id int) string          { return fmt.Sprintf("/cold/%d", id) }
