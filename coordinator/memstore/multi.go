@@ -19,10 +19,10 @@ type multiRecord struct {
 	Now        bucket.Millis
 }
 
-// takeAll is take for a request with Also: every bucket is charged the same grant or none is, under the
-// locks of every shard involved (taken in shard order, so two such takes never deadlock). It
-// follows multi.lua: a denial stores only the first bucket's refilled state and the record, a
-// grant stores every bucket.
+// takeAll is take for a request with Also: every bucket is charged the same grant or none is,
+// under the locks of every shard involved (taken in shard order, so two such takes never
+// deadlock). It follows multi.lua: a denial stores only the first bucket's refilled state and the
+// record, a grant stores every bucket.
 func (s *Store) takeAll(r *coordinator.TakeRequest, now bucket.Millis) coordinator.TakeResult {
 	keys := make([]string, 0, 1+len(r.Also))
 	limits := make([]bucket.Limit, 0, 1+len(r.Also))
@@ -66,7 +66,7 @@ func (s *Store) takeAll(r *coordinator.TakeRequest, now bucket.Millis) coordinat
 			}
 		}
 	}
-	// Refill every bucket (on copies) and see which cannot cover Want.
+	// Refill every bucket (on copies) and see which cannot cover Min.
 	states := make([]bucket.State, len(keys))
 	res := bucket.Result{Granted: r.Want}
 	refused := 0
