@@ -402,7 +402,11 @@ func (l *Limiter) deniedLocked(now clock.Nanos, e *entry, res *coordinatorv1.Acq
 			continue
 		}
 		e.refused += bucket.Micro(t.cost)
-		t.decideLocked(l.shadow(e, Verdict{Outcome: Deny, RetryAfter: retry}))
+		v := l.shadow(e, Verdict{Outcome: Deny, RetryAfter: retry})
+		if res.RefusedBucket > 0 && !v.ShadowDeny {
+			v.Rule, v.Limits = l.refusedBy(e, res.RefusedBucket) // direct.go
+		}
+		t.decideLocked(v)
 	}
 	e.dropWaiting(len(e.s().waiting))
 }

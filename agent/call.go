@@ -219,6 +219,7 @@ func (l *Limiter) acquireItem(now clock.Nanos, v *view, e *entry, c *Call) *coor
 		NeededMicro:          int64(needed),
 		MinMicro:             int64(least),
 		DemandMicroPerSecond: int64(l.sampleDemandLocked(now, e)),
+		Also:                 l.alsoRefs(v, e), // a direct check of several buckets (direct.go)
 	}
 	if b := e.s().back; b.amount > 0 {
 		if l.creditEstimate(now, e, b) > 0 {

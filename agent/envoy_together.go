@@ -109,6 +109,9 @@ func (s *Server) together(slots []slot) ([]charge, []int, error) {
 		}
 		var one [policy.MaxCharges + 1]charge
 		n := 1
+		if res.route.Rule.Direct {
+			return nil, nil, errDirectTogether
+		}
 		if res.charges {
 			n = s.lim.chargeEntries(&res, slots[i].q.Tenant, &one)
 		} else {

@@ -257,7 +257,7 @@ func (l *Limiter) check(now clock.Nanos, res *resolved, tenant string) Verdict {
 	if res.settle && !res.route.Rule.Direct {
 		return l.checkSettle(now, res, tenant)
 	}
-	if res.charges {
+	if res.charges && !directCharges(res) {
 		return l.checkCharges(now, res, tenant)
 	}
 	e := res.e

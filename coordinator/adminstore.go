@@ -38,6 +38,10 @@ type Snapshot struct {
 	Now     bucket.Millis
 	Takes   map[string]TakeRecord   // each agent's last idempotent Take
 	Returns map[string]ReturnRecord // each agent's last idempotent Return
+	// Multis are each agent's last idempotent take of several buckets of which this is the first
+	// (TakeRequest.Also): its seq, what it was answered (Remaining the least of its buckets) and
+	// when.
+	Multis map[string]TakeRecord
 	// Other lists the fields of the key the store does not know (written by a newer script),
 	// sorted. SetLevel keeps them.
 	Other []string

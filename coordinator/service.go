@@ -204,13 +204,25 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 			results[i] = &coordinatorv1.AcquireResult{Status: res.status}
 			continue
 		}
-		if it.DebtMicro < 0 {
+		if it.DebtMicro < 0 || (it.DebtMicro > 0 && len(it.Also) > 0) {
+			// A debt is charged to one bucket: an item of several takes none.
 			results[i] = &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_INVALID}
 			continue
 		}
+		var also []Bucket
 		var p lease.Plan
 		var err error
-		if !debtOnly(it) {
+		if debtOnly(it) {
+			if len(it.Also) > 0 {
+				results[i] = &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_INVALID}
+				continue
+			}
+		} else {
+			var ok bool
+			if also, ok = resolveAlso(set, res, it); !ok {
+				results[i] = &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_INVALID}
+				continue
+			}
 			cost := bucket.Micro(set.Cost(res.route)) * bucket.PerToken
 			p, err = PlanGrant(res.limits.Bucket, cost, res.route.Rule.Direct, lease.Ask{
 				Needed: bucket.Micro(it.NeededMicro), Least: bucket.Micro(it.MinMicro), Demand: bucket.Micro(it.DemandMicroPerSecond),
@@ -227,7 +239,19 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 			Credit: Credit{Amount: bucket.Micro(it.ReturnMicro), GrantedAt: bucket.Millis(it.ReturnGrantedAtMs)},
 			Debt:   bucket.Micro(it.DebtMicro), MaxDebt: res.limits.MaxDebt,
 			Demand: bucket.Micro(it.DemandMicroPerSecond), TTL: bucket.Millis(p.TTL / time.Millisecond), Op: op,
-			Period: s.window(res.limits)}
+			Period: s.window(res.limits), Also: also}
+		for _, b := range also {
+			// Every bucket covers the grant: no more than the smallest capacity.
+			t.Want = max(t.Min, min(t.Want, b.Limit.Capacity()))
+			if t.Min > b.Limit.Capacity() {
+				err = ErrCostAboveCapacity
+			}
+		}
+		if errors.Is(err, ErrCostAboveCapacity) {
+			results[i] = &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_DENIED,
+				RetryAfterMs: int64(bucket.Never)}
+			continue
+		}
 		if err != nil || t.Validate() != nil || !seen.add(res.key) {
 			results[i] = &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_INVALID}
 			continue
@@ -291,6 +315,29 @@ func debtOnly(it *coordinatorv1.AcquireItem) bool {
 	return it.NeededMicro == 0 && it.MinMicro == 0 && it.DebtMicro > 0
 }
 
+// resolveAlso resolves the other buckets of an item (AcquireItem.also): for a direct route with
+// charges, exactly its charges, in the policy's order, of the item's tenant and region; for any
+// other route, none. ok is false when the item names others than those.
+func resolveAlso(set *policy.Set, res resolved, it *coordinatorv1.AcquireItem) (also []Bucket, ok bool) {
+	charges := res.route.Charges()
+	if !res.route.Rule.Direct || len(charges) == 0 {
+		return nil, len(it.Also) == 0
+	}
+	if len(it.Also) != len(charges) || len(charges) > MaxAlso {
+		return nil, false
+	}
+	also = make([]Bucket, len(charges))
+	for j, ref := range it.Also {
+		c := resolve(set, ref)
+		if c.status != coordinatorv1.Status_STATUS_UNSPECIFIED || c.route.ID != charges[j] ||
+			ref.Tenant != it.Bucket.Tenant || ref.Region != it.Bucket.Region || c.limits.Calendar != nil {
+			return nil, false
+		}
+		also[j] = Bucket{Key: c.key, Limit: c.limits.Bucket}
+	}
+	return also, true
+}
+
 // acquireResult is the answer to one granted, denied or failed take t. A calendar quota's lease
 // (t.Period set) lives at most until its period ends on the key clock: the agent counts its
 // lifetime from before the grant, so no token of a period is spent in the next one. A take of
@@ -323,6 +370,7 @@ func acquireResult(p lease.Plan, t *TakeRequest, r TakeResult) *coordinatorv1.Ac
 			CreditedMicro:    int64(r.Credited),
 			PaceMs:           int64(r.Pace),
 			DebtChargedMicro: int64(r.Debited),
+			RefusedBucket:    uint32(r.Refused),
 		}
 	}
 	ttl := int64(p.TTL / time.Millisecond)

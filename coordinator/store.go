@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
@@ -75,6 +76,14 @@ const (
 // agent's share of the key's demand of what the bucket refills over TTL, and the result's Pace
 // says how long the agent should wait before it asks again. The store keeps each agent's last
 // demand in its record of the key to sum the key's demand.
+//
+// Also, when set, are other buckets taken in the same atomic operation, all or nothing (a direct
+// check of a route with charges: docs/policy.md, "Several limits and tenant budgets"): the grant
+// is decided as one take from a bucket holding the least any of them holds (up to Want, at least
+// Min, cut to whole Units) and debited from every bucket, or nothing is. Such a take has no share
+// cap, credit, contention rule or calendar window; it keeps its idempotency record in Key only,
+// and its result names the bucket that refused (TakeResult.Refused). On Redis Cluster every key
+// must share one slot (policy keys of buckets charged together hold the tenant's hash tag).
 type TakeRequest struct {
 	Key     string
 	Limit   bucket.Limit
@@ -89,7 +98,18 @@ type TakeRequest struct {
 	TTL     bucket.Millis
 	Period  bucket.Window
 	Op      OpID
+	Also    []Bucket
 }
+
+// Bucket is another bucket of a TakeRequest with Also: its key and shape.
+type Bucket struct {
+	Key   string
+	Limit bucket.Limit
+}
+
+// MaxAlso bounds TakeRequest.Also: a check charges at most policy.MaxCharges buckets besides its
+// own.
+const MaxAlso = 8
 
 // CreditOnly reports whether r only hands a lease back (Want and Min 0, a positive Credit): a
 // return riding in a batch of takes, in the same round trip.
@@ -126,6 +146,10 @@ type TakeResult struct {
 	Replayed bool  // answered from the idempotency record: nothing was charged
 	Stale    bool  // Seq older than the agent's last operation on this key: nothing was done
 	Err      error // this key failed; the others may have succeeded
+	// Refused, for a denied take with Also, is the bucket that refused, the one of the longest
+	// RetryAfter among those that could not cover Min: 0 for Key, i+1 for Also[i]. Such a
+	// take's Remaining is the least any of its buckets holds after it.
+	Refused int
 }
 
 // ReturnRequest credits back Amount unspent microtokens of a lease granted at GrantedAt
@@ -183,7 +207,34 @@ func (r *TakeRequest) Validate() error {
 	if err := validPeriod(r.Key, r.Limit, r.Period); err != nil {
 		return err
 	}
+	if err := r.validateAlso(); err != nil {
+		return err
+	}
 	return r.Op.validate()
+}
+
+// validateAlso checks a take of several buckets: an exact take of distinct keys.
+func (r *TakeRequest) validateAlso() error {
+	if len(r.Also) == 0 {
+		return nil
+	}
+	switch {
+	case len(r.Also) > MaxAlso:
+		return fmt.Errorf("%w: key %q takes %d other buckets, at most %d", ErrInvalidRequest, r.Key, len(r.Also), MaxAlso)
+	case r.CreditOnly() || r.Share != 0 && r.Share != bucket.WholeShare || r.Credit.Amount != 0 || r.TTL != 0 || !r.Period.IsZero():
+		return fmt.Errorf("%w: key %q takes other buckets: no share, credit, lease lifetime or window", ErrInvalidRequest, r.Key)
+	}
+	for i, b := range r.Also {
+		switch {
+		case b.Key == "" || len(b.Key) > MaxKey:
+			return fmt.Errorf("%w: key %q: other bucket %d key length %d not in 1..%d", ErrInvalidRequest, r.Key, i, len(b.Key), MaxKey)
+		case b.Limit.Capacity() < 1:
+			return fmt.Errorf("%w: key %q: other bucket %q has no limit", ErrInvalidRequest, r.Key, b.Key)
+		case b.Key == r.Key || slices.ContainsFunc(r.Also[:i], func(o Bucket) bool { return o.Key == b.Key }):
+			return fmt.Errorf("%w: key %q: bucket %q twice", ErrInvalidRequest, r.Key, b.Key)
+		}
+	}
+	return nil
 }
 
 // validPeriod checks a counter's window and that its quota does not refill.

@@ -84,16 +84,16 @@ func TestCharges(t *testing.T) {
 		return k
 	}
 	chat, chat2, budget := keyOf("/v1/chat", "POST", -1), keyOf("/v1/chat", "POST", 0), keyOf("/v1/chat", "POST", 2)
-	if chat == chat2 || !strings.HasPrefix(chat2, "lb1:acme|/v1/chat|write|") || !strings.HasPrefix(budget, "lb1:acme|@everything|*|") ||
+	if chat == chat2 || !strings.HasPrefix(chat2, "lb1:{acme}|/v1/chat|write|") || !strings.HasPrefix(budget, "lb1:{acme}|@everything|*|") ||
 		keyOf("/orders/7", "GET", 0) != budget {
 		t.Errorf("keys: chat %s, chat#2 %s, budget %s (orders' %s)", chat, chat2, budget, keyOf("/orders/7", "GET", 0))
 	}
-	// A rule without several limits or budgets keeps its key: the fingerprints of single limits
-	// are unchanged.
+	// A rule without several limits or budgets keeps its fingerprint; charged with a budget, its
+	// key holds the tenant's hash tag, so that every bucket of the check shares a Cluster slot.
 	plain := mustParse(t, "version: v1\nrules:\n  - {name: orders, routes: [\"/orders/{id}\"], operations: [read], limit: 100/minute}\ndefault: {limit: 60/minute}\n")
 	r, _ := plain.Match("/orders/7", "GET")
-	if k, _ := plain.Key(r, "acme", ""); k != keyOf("/orders/7", "GET", -1) {
-		t.Errorf("orders' key %s differs from the same rule's in another policy %s", keyOf("/orders/7", "GET", -1), k)
+	if k, _ := plain.Key(r, "acme", ""); strings.Replace(k, "lb1:acme|", "lb1:{acme}|", 1) != keyOf("/orders/7", "GET", -1) {
+		t.Errorf("orders' key %s is not the same rule's in another policy %s with a hash tag", keyOf("/orders/7", "GET", -1), k)
 	}
 	// Explain lists every bucket and why.
 	e, err := s.Explain("acme", "/v1/chat", "POST", "")
@@ -143,8 +143,14 @@ func TestChargesInvalid(t *testing.T) {
 			`test.yaml:9: rules[0].limits[1].quota: "5/week": a calendar quota's period is day or month`},
 		{"overrides of several limits", header + "  - name: r\n    routes: [/a]\n    operations: [read]\n    limits: [{limit: 1/s}, {quota: 5/day}]\n    overrides: {big: {limit: 2/s}}\n",
 			"test.yaml:8: rules[0].overrides: not available for a rule with several limits"},
-		{"direct several limits", header + "  - name: r\n    routes: [/a]\n    operations: [read]\n    limits: [{limit: 1/s}, {quota: 5/day}]\n    lease: off\n",
-			"test.yaml:8: rules[0].lease: a rule with several limits is charged with other buckets all or nothing, from leases: lease: off is not available"},
+		{"direct several limits with a quota", header + "  - name: r\n    routes: [/a]\n    operations: [read]\n    limits: [{limit: 1/s}, {quota: 5/day}]\n    lease: off\n",
+			"test.yaml:8: rules[0].lease: lease: off takes every limit in one atomic script of token buckets; limit 2 is a calendar quota (5/day): keep leases, or give it a rule of its own"},
+		{"a direct budget", header + "  - name: b\n    scope: tenant\n    limit: 10/s\n    lease: off\n",
+			"test.yaml:7: rules[0].lease: a tenant budget is charged from leases by its leased routes, and in the atomic take of a route with lease: off"},
+		{"a direct quota under a budget", header + "  - name: r\n    routes: [/a]\n    operations: [read]\n    quota: 10/day\n    lease: off\n  - name: b\n    scope: tenant\n    limit: 100/s\n",
+			`test.yaml:4: r: rule "r" has lease: off, and tenant budget "b" (line 9) covers its operation read: a direct check takes every bucket in one atomic script of token buckets, and the rule's limit 10/day is a calendar quota`},
+		{"a direct route under a quota budget", header + "  - name: r\n    routes: [/a]\n    operations: [read]\n    limit: 10/s\n    lease: off\n  - name: b\n    scope: tenant\n    limits: [{limit: 100/s}, {quota: 1000/month}]\n",
+			`and the budget's limit 1000/month is a calendar quota (keep leases on the rule)`},
 		{"budget with routes", header + "  - name: b\n    scope: tenant\n    routes: [/a]\n    limit: 1/s\n",
 			"test.yaml:6: rules[0].routes: a tenant budget (scope: tenant) applies to every route of the tenant; it has no routes"},
 		{"budget of a method", header + "  - name: b\n    scope: tenant\n    operations: [GET]\n    limit: 1/s\n",
@@ -155,8 +161,6 @@ func TestChargesInvalid(t *testing.T) {
 			"test.yaml:7: rules[0].on_failure: a tenant budget fails closed: on_failure: deny (no emergency bucket)"},
 		{"a cost above a budget", header + "  - name: r\n    routes: [/a]\n    operations: [read]\n    limit: 10/s\n    cost: 5\n  - name: b\n    scope: tenant\n    limit: 1/s\n    burst: 3\n",
 			`test.yaml:9: rules[1]: rule "r"'s cost 5 of operation read exceeds the burst 3 of tenant budget "b" (1/1s burst 3): such a request could never be allowed`},
-		{"a direct route under a budget", header + "  - name: r\n    routes: [/a]\n    operations: [read]\n    limit: 10/s\n    lease: off\n  - name: b\n    scope: tenant\n    limit: 100/s\n",
-			`test.yaml:4: r: rule "r" has lease: off, and tenant budget "b" (line 9) covers its operation read: a check across several buckets is charged from leases`},
 		{"too many buckets for a check", header + "  - name: r\n    routes: [/a]\n    operations: [read]\n    limits: [{limit: 1/s}, {limit: 2/s}, {limit: 3/s}, {limit: 4/s}]\n" +
 			"  - {name: b1, scope: tenant, limits: [{limit: 10/s}, {limit: 11/s}, {limit: 12/s}]}\n" +
 			"  - {name: b2, scope: tenant, limits: [{limit: 20/s}, {limit: 21/s}, {limit: 22/s}, {limit: 23/s}]}\n",
@@ -170,5 +174,57 @@ func TestChargesInvalid(t *testing.T) {
 				t.Fatalf("Parse:\n%v\nwant a line:\n%s", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestChargesDirect: lease: off on a rule with several limits and on a rule a tenant budget
+// covers; the check takes every bucket in one script, so all its keys share the tenant's hash tag.
+func TestChargesDirect(t *testing.T) {
+	s := mustParse(t, header+`  - name: direct
+    routes: [/d]
+    operations: [write]
+    lease: off
+    limits: [{limit: 10/s, burst: 20}, {limit: 100/minute}]
+  - name: single
+    routes: [/s]
+    operations: [write]
+    lease: off
+    limit: 5/s
+  - name: leased
+    routes: [/l]
+    operations: [read]
+    limit: 5/s
+  - name: b
+    scope: tenant
+    operations: [write]
+    limit: 1000/hour
+    burst: 50
+`)
+	for _, path := range []string{"/d", "/s"} {
+		r, _ := s.Match(path, "POST")
+		if !r.Rule.Direct || len(r.Charges()) == 0 {
+			t.Fatalf("%s: direct %t, charges %v", path, r.Rule.Direct, r.Charges())
+		}
+		own, _ := s.Key(r, "acme", "")
+		for _, id := range r.Charges() {
+			k, _ := s.Key(s.RouteByID(id), "acme", "")
+			if hashTag(k) != "acme" || hashTag(own) != "acme" {
+				t.Errorf("%s: keys %s and %s, want the hash tag {acme} on both", path, own, k)
+			}
+		}
+		e, err := s.Explain("acme", path, "POST", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"lease:       off: every check is one atomic take of its cost from all", "slot:        keys tagged {acme}"} {
+			if !strings.Contains(e.String(), want) {
+				t.Errorf("explain %s:\n%s\nwant %q", path, e, want)
+			}
+		}
+	}
+	// A route charged with nothing keeps a key without a tag.
+	r, _ := s.Match("/l", "GET")
+	if k, _ := s.Key(r, "acme", ""); hashTag(k) != "" || strings.ContainsAny(k, "{}") {
+		t.Errorf("leased route's key %s holds a hash tag", k)
 	}
 }

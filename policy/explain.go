@@ -240,7 +240,12 @@ func (e Explanation) String() string {
 	}
 	line("shadow", "%s", yesNo(r.Shadow, "yes: reported, never denied", "no"))
 	line("headers", "%s", yesNo(r.Headers, "RateLimit headers exposed", "no"))
-	line("lease", "%s", yesNo(r.Direct, "off: every check is one atomic take in the global bucket", "on: agents hold leases sized by demand"))
+	switch {
+	case r.Direct && len(e.Also) > 0:
+		line("lease", "off: every check is one atomic take of its cost from all %d buckets below, in one script (their keys share the tenant's hash tag, one Cluster slot); other routes may charge the same tenant budgets from leases, and each bucket keeps its own bound", len(e.Also)+1)
+	default:
+		line("lease", "%s", yesNo(r.Direct, "off: every check is one atomic take in the global bucket", "on: agents hold leases sized by demand"))
+	}
 	if e.Limits != nil {
 		line("key", "%s", e.Key)
 		line("key version", "%s (fingerprint of the effective limit)", e.Limits.Fingerprint)
@@ -255,6 +260,9 @@ func (e Explanation) String() string {
 	}
 	if len(e.Also) > 0 {
 		line("charged", "all %d buckets or none: one that refuses refuses the request, and nothing is spent", len(e.Also)+1)
+		if e.Key != "" && hashTag(e.Key) != "" {
+			line("slot", "keys tagged {%s}: one Redis Cluster slot for the tenant's buckets charged together", hashTag(e.Key))
+		}
 	}
 	return b.String()
 }

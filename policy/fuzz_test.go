@@ -109,8 +109,8 @@ func checkSet(t *testing.T, s *Set) {
 					t.Fatalf("emergency %v not below %v", *l.Emergency, l.Quota)
 				}
 				key, err := s.Key(r, tenant, region)
-				if err != nil || len(key) > MaxKeyLen || strings.ContainsAny(key, "{}") {
-					t.Fatalf("Key(%v, %.10q, %q) = %d bytes %q, %v", r, tenant, region, len(key), key, err)
+				if err != nil || len(key) > MaxKeyLen || checkTag(key, r, tenant) != nil {
+					t.Fatalf("Key(%v, %.10q, %q) = %d bytes %q, %v, %v", r, tenant, region, len(key), key, err, checkTag(key, r, tenant))
 				}
 			}
 		}
@@ -230,10 +230,22 @@ func FuzzKey(f *testing.F) {
 	}
 	search, _ := s.Match("/search", "GET")
 	orders, _ := s.Match("/orders/1", "GET")
+	cs, err := Parse("charges.yaml", []byte(chargesPolicy))
+	if err != nil {
+		f.Fatal(err)
+	}
+	chat, _ := cs.Match("/v1/chat", "POST") // charged with other buckets: its keys hold a hash tag
+	if !chat.r.tagged || len(chat.Charges()) < 2 {
+		f.Fatalf("%v has no hash tag or too few charges", chat)
+	}
 	f.Fuzz(func(t *testing.T, t1, r1, t2, r2 string) {
-		for _, r := range []Route{search, orders} {
-			k1, err1 := s.Key(r, t1, r1)
-			k2, err2 := s.Key(r, t2, r2)
+		for _, r := range []Route{search, orders, chat, cs.RouteByID(chat.Charges()[1])} {
+			set := s
+			if r.r.set == cs {
+				set = cs
+			}
+			k1, err1 := set.Key(r, t1, r1)
+			k2, err2 := set.Key(r, t2, r2)
 			if err1 != nil || err2 != nil {
 				return
 			}
@@ -241,8 +253,12 @@ func FuzzKey(f *testing.F) {
 			if (k1 == k2) != same {
 				t.Fatalf("Key(%q, %q) = %q, Key(%q, %q) = %q", t1, r1, k1, t2, r2, k2)
 			}
-			if len(k1) > MaxKeyLen || strings.ContainsAny(k1, "{}") {
-				t.Fatalf("Key(%q, %q) = %q", t1, r1, k1)
+			if len(k1) > MaxKeyLen || checkTag(k1, r, t1) != nil {
+				t.Fatalf("Key(%q, %q) = %q: %v", t1, r1, k1, checkTag(k1, r, t1))
+			}
+			// Tagged keys share a slot exactly when they share the tenant.
+			if r.r.tagged && (hashSlotInput(k1) == hashSlotInput(k2)) != (t1 == t2) {
+				t.Fatalf("Key(%q) = %q and Key(%q) = %q: tags %q, %q", t1, k1, t2, k2, hashSlotInput(k1), hashSlotInput(k2))
 			}
 		}
 	})

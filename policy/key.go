@@ -13,13 +13,20 @@ import (
 // Bucket keys have the form
 //
 //	lb1:<tenant>|<route>|<operation>|<fingerprint>[|<region>]
+//	lb1:{<tenant>}|<route>|<operation>|<fingerprint>[|<region>]   (buckets charged together)
 //
 // <route> is the template's shape (parameter names erased: "/orders/{}"), or empty for the
 // default rule; <fingerprint> is the key version (Limits.Fingerprint); <region> is present only for
 // rules with regional scope. Every component is escaped with keyEscape, which removes '|', '{' and
 // '}' (and '%', space and control bytes) from it, so the components of a key are recovered by
-// splitting at '|', no input can forge another key, and no key holds a Redis Cluster hash tag: the
-// cluster hashes the whole key.
+// splitting at '|' and no input can forge another key.
+//
+// A bucket that a check can charge together with others (a route with charges, and each route it
+// charges: a rule's further limits, a tenant budget) wraps its escaped tenant in braces: a Redis
+// Cluster hash tag, so that every such bucket of one tenant is in one slot and a direct check takes
+// them in one atomic script. The tag is exactly the escaped tenant (which holds no brace), so no
+// tenant can forge another's tag, and a tagged key (its tenant component starts with '{') never
+// equals an untagged one. Other keys hold no brace: the cluster hashes the whole key.
 const (
 	// KeyPrefix starts every bucket key; the digit is the key format's version.
 	KeyPrefix = "lb1:"
@@ -38,6 +45,9 @@ const (
 	FingerprintLen = 10
 
 	keySep = '|'
+
+	// tagLen is what a hash tag adds to a key: the braces around the tenant.
+	tagLen = 2
 )
 
 // ErrInvalidTenant is wrapped when a tenant cannot be part of a key.
@@ -111,6 +121,16 @@ func keyEscape(b *strings.Builder, s string) {
 	}
 }
 
+// hashTag is the hash tag of a key built by buildKey, or "" when it has none.
+func hashTag(key string) string {
+	rest, ok := strings.CutPrefix(key, KeyPrefix+"{")
+	if !ok {
+		return ""
+	}
+	tag, _, _ := strings.Cut(rest, "}")
+	return tag
+}
+
 // maxKeyLen is the longest key of a route: a tenant of MaxTenantLen bytes all escaped, plus the
 // escaped route, operation and longest region.
 func maxKeyLen(shape, op string, maxRegion int) int {
@@ -121,11 +141,18 @@ func maxKeyLen(shape, op string, maxRegion int) int {
 	return n
 }
 
-func buildKey(tenant, shape, op, fingerprint, region string) string {
+// buildKey builds a key; tagged wraps the escaped tenant in a hash tag (see KeyPrefix).
+func buildKey(tenant, shape, op, fingerprint, region string, tagged bool) string {
 	var b strings.Builder
-	b.Grow(len(KeyPrefix) + escapedLen(tenant) + escapedLen(shape) + escapedLen(op) + len(fingerprint) + len(region) + 8)
+	b.Grow(len(KeyPrefix) + escapedLen(tenant) + escapedLen(shape) + escapedLen(op) + len(fingerprint) + len(region) + 8 + tagLen)
 	b.WriteString(KeyPrefix)
-	keyEscape(&b, tenant)
+	if tagged {
+		b.WriteByte('{')
+		keyEscape(&b, tenant)
+		b.WriteByte('}')
+	} else {
+		keyEscape(&b, tenant)
+	}
 	b.WriteByte(keySep)
 	keyEscape(&b, shape)
 	b.WriteByte(keySep)

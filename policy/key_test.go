@@ -14,6 +14,13 @@ func splitKey(key string) ([]string, error) {
 	if !ok {
 		return nil, fmt.Errorf("no prefix %q", KeyPrefix)
 	}
+	if tenant, after, ok := strings.Cut(rest, string(keySep)); ok && strings.HasPrefix(tenant, "{") {
+		inner, ok := strings.CutSuffix(tenant[1:], "}")
+		if !ok {
+			return nil, fmt.Errorf("unterminated hash tag in %q", key)
+		}
+		rest = inner + string(keySep) + after
+	}
 	var out []string
 	for _, c := range strings.Split(rest, string(keySep)) {
 		var b strings.Builder
@@ -42,6 +49,27 @@ func splitKey(key string) ([]string, error) {
 
 // hashSlotInput is the part of a key Redis Cluster hashes: the content of the first {...} if it is
 // non-empty, else the whole key.
+// checkTag checks a key of route r for tenant against the hash-tag rule: a route charged together
+// with others has exactly one hash tag, the escaped tenant right after the prefix; any other
+// route's key holds no brace.
+func checkTag(key string, r Route, tenant string) error {
+	if !r.r.tagged {
+		if strings.ContainsAny(key, "{}") || hashSlotInput(key) != key {
+			return fmt.Errorf("key %q of %v holds a hash tag", key, r)
+		}
+		return nil
+	}
+	var b strings.Builder
+	keyEscape(&b, tenant)
+	if !strings.HasPrefix(key, KeyPrefix+"{"+b.String()+"}"+string(keySep)) || strings.Count(key, "{") != 1 || strings.Count(key, "}") != 1 {
+		return fmt.Errorf("key %q of %v: want the one hash tag {%s} after the prefix", key, r, b.String())
+	}
+	if hashSlotInput(key) != b.String() {
+		return fmt.Errorf("key %q of %v hashes %q, want %q", key, r, hashSlotInput(key), b.String())
+	}
+	return nil
+}
+
 func hashSlotInput(key string) string {
 	if i := strings.IndexByte(key, '{'); i >= 0 {
 		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
@@ -103,6 +131,10 @@ rules:
     regions:
       eu: {limit: 5/s, burst: 5}
       eu.x: {limit: 5/s, burst: 5}
+  - name: b
+    scope: tenant
+    operations: [write]
+    limit: 100/s
 `)
 	tenants := []string{
 		"acme", "acme|/a|read", "acme|", "|acme", "acme%7C", "acme%", "%25", "%", "{acme}", "{", "}", "}{",
@@ -135,8 +167,8 @@ rules:
 				if len(key) > MaxKeyLen {
 					t.Errorf("Key(%v) is %d bytes, more than MaxKeyLen %d", in, len(key), MaxKeyLen)
 				}
-				if strings.ContainsAny(key, "{}") || hashSlotInput(key) != key {
-					t.Errorf("Key(%v) = %q holds a hash tag", in, key)
+				if err := checkTag(key, r, tenant); err != nil {
+					t.Errorf("Key(%v): %v", in, err)
 				}
 				parts, err := splitKey(key)
 				if err != nil {

@@ -283,6 +283,31 @@ func (p *parser) routes(s *Set, srcs []*ruleSrc) {
 		}
 	}
 	p.tenantBudgets(s, budgets, add)
+	p.hashTags(s)
+}
+
+// hashTags gives a hash tag to the keys of every bucket that can be charged together with another
+// (a route with charges and every route it charges), so that the buckets of one check share a
+// Redis Cluster slot and direct mode takes them in one script. Such keys are two bytes longer.
+func (p *parser) hashTags(s *Set) {
+	for _, rt := range s.routes {
+		if len(rt.charges) == 0 {
+			continue
+		}
+		rt.tagged = true
+		for _, id := range rt.charges {
+			s.routes[id].tagged = true
+		}
+	}
+	for _, rt := range s.routes {
+		if rt.tagged && rt.maxKey <= MaxKeyLen && rt.maxKey+tagLen > MaxKeyLen {
+			rt.maxKey += tagLen
+			p.errf(rt.rule.Line, rt.rule.Name, "template %q with operation %q makes bucket keys of up to %d bytes with their hash tag, more than %d: shorten it",
+				rt.tmpl.raw, rt.op, rt.maxKey, MaxKeyLen)
+		} else if rt.tagged {
+			rt.maxKey += tagLen
+		}
+	}
 }
 
 // tenantBudgets gives each tenant budget its route (one bucket per tenant, keyed by the shape
@@ -300,12 +325,18 @@ func (p *parser) tenantBudgets(s *Set, budgets []*ruleSrc, add func(*Rule, templ
 			if rt.rule.Of != nil || !s.covers(b, rt.op) {
 				continue
 			}
-			if rt.rule.Direct {
-				p.errf(rt.rule.Line, rt.rule.Name, "rule %q has lease: off, and tenant budget %q (line %d) covers its operation %s: a check across several buckets is charged from leases",
+			if rt.rule.Direct && b.Shadow && !rt.rule.Shadow {
+				p.errf(rt.rule.Line, rt.rule.Name, "rule %q has lease: off, and tenant budget %q (line %d) covering its operation %s is a shadow rule: a direct check takes every bucket in one atomic take, which a shadow budget must never refuse (make the budget enforcing, or keep leases on the rule)",
 					rt.rule.Name, b.Name, b.Line, rt.op)
 				continue
 			}
 			for _, q := range append([]Quota{b.Quota}, extraQuotas(b)...) {
+				if rt.rule.Direct && (q.Calendar != nil || rt.rule.Quota.Calendar != nil) {
+					// Direct mode takes every bucket of the check in one atomic script of token buckets.
+					p.errf(rt.rule.Line, rt.rule.Name, "rule %q has lease: off, and tenant budget %q (line %d) covers its operation %s: a direct check takes every bucket in one atomic script of token buckets, and %s is a calendar quota (keep leases on the rule)",
+						rt.rule.Name, b.Name, b.Line, rt.op, calendarOf(rt.rule.Quota, q))
+					break
+				}
 				if rt.cost > q.Burst {
 					p.errf(b.Line, src.path, "rule %q's cost %d of operation %s exceeds the burst %d of tenant budget %q (%s): such a request could never be allowed",
 						rt.rule.Name, rt.cost, rt.op, q.Burst, b.Name, q)
@@ -320,6 +351,14 @@ func (p *parser) tenantBudgets(s *Set, budgets []*ruleSrc, add func(*Rule, templ
 			}
 		}
 	}
+}
+
+// calendarOf names the calendar quota of a direct route's own limit own or of a budget's limit q.
+func calendarOf(own, q Quota) string {
+	if own.Calendar != nil {
+		return "the rule's limit " + own.String()
+	}
+	return "the budget's limit " + q.String()
 }
 
 func extraQuotas(r *Rule) []Quota {

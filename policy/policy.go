@@ -227,6 +227,9 @@ type route struct {
 	// charges are the other routes a check of this one charges with it, all or nothing: the
 	// routes of its rule's extra limits, then the tenant budgets that cover its operation.
 	charges []uint32
+	// tagged: the route's keys hold a hash tag of the tenant, since it is charged together with
+	// other routes (it has charges, or is one); see buildKey.
+	tagged bool
 }
 
 // Valid reports whether r is a route of some Set (not the zero Route).
@@ -490,7 +493,7 @@ func (s *Set) Key(r Route, tenant, region string) (string, error) {
 // KeyFor is Key for limits already resolved with Limits(r, tenant, region): a caller that has
 // them does not resolve them twice.
 func (s *Set) KeyFor(r Route, tenant string, l *Limits) string {
-	return buildKey(tenant, r.r.tmpl.shape, r.r.op, l.Fingerprint, l.Region)
+	return buildKey(tenant, r.r.tmpl.shape, r.r.op, l.Fingerprint, l.Region, r.r.tagged)
 }
 
 // CheckRegion reports whether every regional rule (and every override of one) has a slice for

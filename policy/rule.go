@@ -190,9 +190,10 @@ func (p *parser) ruleLimits(f fieldSet, ln *yaml.Node, r *Rule, path string) boo
 }
 
 // checkCharges checks what a rule charged beside others may not be: a rule of several limits and
-// a tenant budget are on leases, fail closed, and (a rule of several limits) has no overrides and
-// no regional slices; a tenant budget charges each request's cost on its route, so it has none of
-// its own.
+// a tenant budget fail closed, and (a rule of several limits) has no overrides and no regional
+// slices; a tenant budget charges each request's cost on its route, so it has none of its own,
+// and keeps leases (its routes choose direct mode, not the budget). A rule of several limits
+// in direct mode takes all of them in one atomic script: token buckets only (directCalendar).
 func (p *parser) checkCharges(f fieldSet, r *Rule, path string) {
 	what := ""
 	switch {
@@ -200,6 +201,9 @@ func (p *parser) checkCharges(f fieldSet, r *Rule, path string) {
 		what = "a tenant budget"
 		if f.get("cost") != nil {
 			p.errf(f.at("cost"), join(path, "cost"), "a tenant budget is charged each request's cost on its route; it has no cost of its own")
+		}
+		if r.Direct {
+			p.errf(f.at("lease"), join(path, "lease"), "a tenant budget is charged from leases by its leased routes, and in the atomic take of a route with lease: off: set lease: off on those routes' rules, not on the budget")
 		}
 	case len(r.extra) > 0:
 		what = "a rule with several limits"
@@ -209,11 +213,16 @@ func (p *parser) checkCharges(f fieldSet, r *Rule, path string) {
 		if r.Scope == Regional {
 			p.errf(f.at("scope"), join(path, "scope"), "a rule with several limits is global")
 		}
+		if r.Direct {
+			for i, q := range append([]Quota{r.Quota}, r.extra...) {
+				if q.Calendar != nil {
+					p.errf(f.at("lease"), join(path, "lease"), "lease: off takes every limit in one atomic script of token buckets; limit %d is a calendar quota (%s): keep leases, or give it a rule of its own", i+1, q)
+					break
+				}
+			}
+		}
 	default:
 		return
-	}
-	if r.Direct {
-		p.errf(f.at("lease"), join(path, "lease"), "%s is charged with other buckets all or nothing, from leases: lease: off is not available", what)
 	}
 	if r.OnFailure == Emergency {
 		p.errf(f.at("on_failure"), join(path, "on_failure"), "%s fails closed: on_failure: deny (no emergency bucket)", what)

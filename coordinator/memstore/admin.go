@@ -66,6 +66,12 @@ func snapshot(e *entry, now bucket.Millis) coordinator.Snapshot {
 		}
 		snap.Takes[a] = coordinator.TakeRecord{Seq: r.Seq, Granted: r.Granted, Remaining: r.Remaining, RetryAfter: r.RetryAfter, Now: r.Now}
 	}
+	for a, r := range e.multis {
+		if snap.Multis == nil {
+			snap.Multis = make(map[string]coordinator.TakeRecord, len(e.multis))
+		}
+		snap.Multis[a] = coordinator.TakeRecord{Seq: r.Seq, Granted: r.Granted, Remaining: r.Remaining, RetryAfter: r.RetryAfter, Now: r.Now}
+	}
 	for a, r := range e.returns {
 		if snap.Returns == nil {
 			snap.Returns = make(map[string]coordinator.ReturnRecord, len(e.returns))

@@ -134,6 +134,7 @@ type diffRun struct {
 	resets   int               // counter takes denied until the end of their period
 	outside  int               // counter operations refused: the clock outside their window
 	indebt   int               // takes that charged a debt and left the key below zero
+	multis   int               // takes of both buckets at once granted
 }
 
 // fewAgents is the agent pool of most sequences: replays and stale operations are frequent.
@@ -155,6 +156,11 @@ func newDiffRun(t testing.TB, rdb redis.UniversalClient, src source, prefix stri
 	d.now = between(src, 0, bucket.Millis(1)<<41)
 	clock := func() bucket.Millis { return d.now }
 	d.lua = redisstore.New(rdb, redisstore.WithClock(clock))
+	// Every script loaded: a batch that met NOSCRIPT for one kind of script would resend those
+	// calls after the others, and the stores would apply one batch in different orders.
+	if err := d.lua.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	d.mem = memstore.New(memstore.WithClock(clock))
 	d.limits[0] = drawLimit(src)
 	d.limits[1] = d.limits[0]
@@ -257,7 +263,7 @@ func (d *diffRun) run(steps int) {
 func (d *diffRun) countRecords() {
 	for i, key := range d.keys {
 		e, ok := d.mem.Lookup(key)
-		n := len(e.Takes) + len(e.Returns)
+		n := len(e.Takes) + len(e.Returns) + len(e.Multis)
 		p := d.prev[i]
 		expired := !ok || p.Expires && d.now >= p.Expiry
 		if n < d.records[i] && !expired {
@@ -364,6 +370,14 @@ func (d *diffRun) takes() {
 				reqs[i].MaxDebt = l.Capacity() + 1 // invalid: both stores must reject it
 			}
 		}
+		if !d.counter[0] && !d.counter[1] && d.src.n(3) == 0 {
+			// A take of both buckets at once, all or nothing (a direct check with charges).
+			reqs[i] = coordinator.TakeRequest{Key: d.keys[k], Limit: l, Want: want, Min: least, Unit: unit, Op: reqs[i].Op,
+				Also: []coordinator.Bucket{{Key: d.keys[1-k], Limit: d.limits[1-k]}}}
+			if d.src.n(20) == 0 {
+				reqs[i].Also[0].Key = reqs[i].Key // invalid: both stores must reject it
+			}
+		}
 	}
 	ctx := context.Background()
 	got, err := d.lua.Take(ctx, reqs)
@@ -389,6 +403,9 @@ func (d *diffRun) takes() {
 		}
 		if g.Err == nil && g.Debited > 0 && g.Remaining < 0 && !g.Replayed {
 			d.indebt++
+		}
+		if g.Err == nil && g.Granted > 0 && len(r.Also) > 0 && !g.Replayed {
+			d.multis++
 		}
 		if !r.Period.IsZero() {
 			switch {
@@ -448,7 +465,8 @@ func (d *diffRun) returns() {
 }
 
 func sameTake(a, b coordinator.TakeResult) bool {
-	return a.Result == b.Result && a.Credited == b.Credited && a.Debited == b.Debited && a.Pace == b.Pace && a.Now == b.Now && a.Replayed == b.Replayed && a.Stale == b.Stale
+	return a.Result == b.Result && a.Credited == b.Credited && a.Debited == b.Debited && a.Pace == b.Pace && a.Now == b.Now && a.Replayed == b.Replayed && a.Stale == b.Stale &&
+		a.Refused == b.Refused
 }
 
 func sameReturn(a, b coordinator.ReturnResult) bool {
@@ -483,7 +501,7 @@ func (d *diffRun) compareState(key string, l bucket.Limit) {
 
 // parseHash reads the script's key layout into memstore's view of a key.
 func parseHash(fields map[string]string) (memstore.Entry, error) {
-	e := memstore.Entry{Takes: map[string]memstore.TakeRecord{}, Returns: map[string]memstore.ReturnRecord{}}
+	e := memstore.Entry{Takes: map[string]memstore.TakeRecord{}, Returns: map[string]memstore.ReturnRecord{}, Multis: map[string]memstore.MultiRecord{}}
 	for f, v := range fields {
 		nums, err := parseInts(v)
 		if err != nil {
@@ -506,6 +524,9 @@ func parseHash(fields map[string]string) (memstore.Entry, error) {
 			e.Takes[f[2:]] = memstore.TakeRecord{Seq: uint64(nums[0]), Granted: bucket.Micro(nums[1]),
 				Remaining: bucket.Micro(nums[2]), RetryAfter: bucket.Millis(nums[3]), Credited: bucket.Micro(nums[4]),
 				Pace: bucket.Millis(nums[5]), Demand: bucket.Micro(nums[6]), Debited: bucket.Micro(nums[7]), Now: bucket.Millis(nums[8])}
+		case strings.HasPrefix(f, "m:") && len(nums) == 6:
+			e.Multis[f[2:]] = memstore.MultiRecord{Seq: uint64(nums[0]), Granted: bucket.Micro(nums[1]),
+				Remaining: bucket.Micro(nums[2]), RetryAfter: bucket.Millis(nums[3]), Refused: int(nums[4]), Now: bucket.Millis(nums[5])}
 		case strings.HasPrefix(f, "r:") && len(nums) == 4:
 			e.Returns[f[2:]] = memstore.ReturnRecord{Seq: uint64(nums[0]), Credited: bucket.Micro(nums[1]),
 				Remaining: bucket.Micro(nums[2]), Now: bucket.Millis(nums[3])}
@@ -542,7 +563,7 @@ func TestDifferential(t *testing.T) {
 	}
 	const workers = 4
 	var next atomic.Int64
-	var paced, counted, resets, outside, indebt atomic.Int64
+	var paced, counted, resets, outside, indebt, multis atomic.Int64
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
@@ -560,6 +581,7 @@ func TestDifferential(t *testing.T) {
 				resets.Add(int64(d.resets))
 				outside.Add(int64(d.outside))
 				indebt.Add(int64(d.indebt))
+				multis.Add(int64(d.multis))
 			}
 		})
 	}
@@ -569,6 +591,9 @@ func TestDifferential(t *testing.T) {
 	}
 	if !t.Failed() && indebt.Load() == 0 {
 		t.Fatal("no debt took a key below zero: the test does not reach the debt")
+	}
+	if !t.Failed() && multis.Load() == 0 {
+		t.Fatal("no take of both buckets was granted: the test does not reach multi.lua")
 	}
 	if !t.Failed() && (counted.Load() == 0 || resets.Load() == 0 || outside.Load() == 0) {
 		t.Fatalf("counters: %d takes granted, %d denied until a period ends, %d outside their window; the test must reach all three",

@@ -6,6 +6,7 @@ import "github.com/leasebucket/leasebucket/internal/bucket"
 type (
 	TakeRecord   = takeRecord
 	ReturnRecord = returnRecord
+	MultiRecord  = multiRecord
 )
 
 // Entry is a copy of one key's state, for the tests.
@@ -21,6 +22,7 @@ type Entry struct {
 	Period  bucket.Millis
 	Takes   map[string]takeRecord   // the last idempotent Take of each agent
 	Returns map[string]returnRecord // the last idempotent Return of each agent
+	Multis  map[string]multiRecord  // the last idempotent take of several buckets of each agent
 }
 
 // Lookup returns a copy of key's state as stored, without applying its expiry (an expired key is
@@ -35,7 +37,11 @@ func (s *Store) Lookup(key string) (Entry, bool) {
 	}
 	out := Entry{State: e.state, Expiry: e.expiry, Expires: e.expires, CompeteUntil: e.competeUntil, Competes: e.competes,
 		Counter: e.counter, Period: e.period,
-		Takes: make(map[string]takeRecord, len(e.takes)), Returns: make(map[string]returnRecord, len(e.returns))}
+		Takes: make(map[string]takeRecord, len(e.takes)), Returns: make(map[string]returnRecord, len(e.returns)),
+		Multis: make(map[string]multiRecord, len(e.multis))}
+	for a, r := range e.multis {
+		out.Multis[a] = r
+	}
 	for a, r := range e.takes {
 		out.Takes[a] = r
 	}

@@ -54,6 +54,7 @@ type entry struct {
 	period  bucket.Millis
 	takes   map[string]takeRecord   // by agent; nil until the first idempotent Take
 	returns map[string]returnRecord // by agent; nil until the first idempotent Return
+	multis  map[string]multiRecord  // by agent; nil until the first idempotent take of several buckets (multi.go)
 }
 
 // takeRecord is an agent's last idempotent Take on a key.
@@ -101,7 +102,7 @@ func New(opts ...Option) *Store {
 func wallClock() bucket.Millis { return bucket.Millis(time.Now().UnixMilli()) }
 
 func (s *Store) shard(key string) *shard {
-	return &s.shards[maphash.String(s.seed, key)&(shardCount-1)]
+	return &s.shards[s.shardIndex(key)]
 }
 
 // Take implements coordinator.Store. The clock is read once per batch.
@@ -115,6 +116,10 @@ func (s *Store) Take(ctx context.Context, reqs []coordinator.TakeRequest) ([]coo
 		r := &reqs[i]
 		if err := r.Validate(); err != nil {
 			res[i].Err = fmt.Errorf("memstore: take: %w", err)
+			continue
+		}
+		if len(r.Also) > 0 {
+			res[i] = s.takeAll(r, now)
 			continue
 		}
 		sh := s.shard(r.Key)
@@ -396,10 +401,15 @@ func (e *entry) setExpiry(l bucket.Limit) {
 // sweepRecords drops the records older than RecordKeep on the key clock once the key holds more
 // than MaxRecords of them (the rule of bucket.lua).
 func (e *entry) sweepRecords() {
-	if len(e.takes)+len(e.returns) <= coordinator.MaxRecords {
+	if len(e.takes)+len(e.returns)+len(e.multis) <= coordinator.MaxRecords {
 		return
 	}
 	last := e.state.Last
+	for a, rec := range e.multis {
+		if last-rec.Now > coordinator.RecordKeep {
+			delete(e.multis, a)
+		}
+	}
 	for a, rec := range e.takes {
 		if last-rec.Now > coordinator.RecordKeep {
 			delete(e.takes, a)

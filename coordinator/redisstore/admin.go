@@ -168,6 +168,17 @@ func decodeHash(now bucket.Millis, v any) (coordinator.Snapshot, error) {
 				continue
 			}
 			snap.Other = append(snap.Other, name)
+		case strings.HasPrefix(name, "m:"):
+			// multi.lua: "seq granted remaining retry refused now"
+			if n, ok := ints(val, 6); ok {
+				if snap.Multis == nil {
+					snap.Multis = map[string]coordinator.TakeRecord{}
+				}
+				snap.Multis[name[2:]] = coordinator.TakeRecord{Seq: uint64(n[0]), Granted: bucket.Micro(n[1]),
+					Remaining: bucket.Micro(n[2]), RetryAfter: bucket.Millis(n[3]), Now: bucket.Millis(n[len(n)-1])}
+				continue
+			}
+			snap.Other = append(snap.Other, name)
 		case strings.HasPrefix(name, "r:"):
 			if n, ok := ints(val, 4); ok {
 				if snap.Returns == nil {

@@ -38,7 +38,11 @@ end
 -- not idempotent.
 local rec_field = nil
 if agent ~= '' then
-  rec_field = (op == 'take' and 'a:' or 'r:') .. agent
+  if op == 'multi' then
+    rec_field = 'm:' .. agent -- multi.lua: a take of several buckets, recorded in the first
+  else
+    rec_field = (op == 'take' and 'a:' or 'r:') .. agent
+  end
 end
 
 -- Idempotency: the words of the calling agent's last record on the key (nil without one), and
@@ -46,8 +50,9 @@ end
 -- nil for a new operation. Neither changes anything. Take records hold "seq granted remaining
 -- retry credited pace demand debited now" (older versions "seq granted remaining retry credited
 -- pace demand now" and "seq granted remaining retry [credited] now": no debt charged), return
--- records "seq credited remaining now"; the time is always the last word. An answer is the
--- scripts' reply: {granted, remaining, retry_after, now, flags, credited, pace, debited}.
+-- records "seq credited remaining now", multi.lua's records "seq granted remaining retry refused
+-- now"; the time is always the last word. An answer is the take scripts' reply: {granted,
+-- remaining, retry_after, now, flags, credited, pace, debited}.
 local function replay(record, tokens, last)
   if not record then
     return nil, nil
@@ -57,6 +62,9 @@ local function replay(record, tokens, last)
     f[#f + 1] = tonumber(w)
   end
   if f[1] == seq then
+    if op == 'multi' then -- "seq granted remaining retry refused now"
+      return f, {f[2], f[3], f[4], f[6], REPLAYED, f[5], 0, 0}
+    end
     if op == 'take' then
       if #f == 9 then
         return f, {f[2], f[3], f[4], f[9], REPLAYED, f[5], f[6], f[8]}
@@ -114,7 +122,7 @@ local function sweep(fixed, last)
   local all = redis.call('HGETALL', key)
   for i = 1, #all, 2 do
     local prefix = string.sub(all[i], 1, 2)
-    if prefix == 'a:' or prefix == 'r:' then
+    if prefix == 'a:' or prefix == 'r:' or prefix == 'm:' then
       local at = tonumber(string.match(all[i + 1], '(%S+)$'))
       if last - at > record_keep then
         redis.call('HDEL', key, all[i])

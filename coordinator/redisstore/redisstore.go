@@ -1,7 +1,9 @@
 // Package redisstore is the production coordinator.Store: one token bucket per key in Redis
 // (standalone, Sentinel or Cluster, through go-redis' UniversalClient), changed only by the
 // embedded script bucket.lua; or, for a request with a calendar window, one calendar quota's
-// counter per key, changed only by counter.lua.
+// counter per key, changed only by counter.lua; a take of several buckets at once (a direct check
+// of a route with charges, coordinator.TakeRequest.Also) by multi.lua, over keys that share a
+// Cluster slot.
 //
 // The script runs the arithmetic of internal/bucket exactly, in Lua doubles kept below 2^53, and
 // keeps the idempotency records of coordinator.OpID inside the bucket's own hash, so each request
@@ -64,10 +66,23 @@ var counterLua = intmathLua + commonLua + counterBody
 // counterScript runs the requests on calendar counters (those with a Period).
 var counterScript = redis.NewScript(counterLua)
 
-// loadScripts loads the bucket script, the counter script or both (on Cluster, into every node).
-func loadScripts(ctx context.Context, c redis.Scripter, buckets, counters bool) error {
+//go:embed multi.lua
+var multiBody string
+
+var multiLua = intmathLua + commonLua + multiBody
+
+// multiScript runs the takes of several buckets at once (those with Also).
+var multiScript = redis.NewScript(multiLua)
+
+// loadScripts loads the scripts of the kinds named (on Cluster, into every node).
+func loadScripts(ctx context.Context, c redis.Scripter, buckets, counters, multis bool) error {
 	if buckets {
 		if err := script.Load(ctx, c).Err(); err != nil {
+			return err
+		}
+	}
+	if multis {
+		if err := multiScript.Load(ctx, c).Err(); err != nil {
 			return err
 		}
 	}
@@ -119,7 +134,7 @@ func New(c redis.UniversalClient, opts ...Option) *Store {
 // not pay a NOSCRIPT round trip. Calling it is optional: a batch that meets NOSCRIPT loads the
 // script and resends only the failed commands.
 func (s *Store) Load(ctx context.Context) error {
-	if err := loadScripts(ctx, s.c, true, true); err != nil {
+	if err := loadScripts(ctx, s.c, true, true, true); err != nil {
 		return fmt.Errorf("redisstore: load scripts: %w", err)
 	}
 	return nil
@@ -131,9 +146,11 @@ type call struct {
 	key  string
 	// counter: a calendar counter's call (counter.lua), else a bucket's (bucket.lua)
 	counter bool
-	node    string // on Cluster, the address of the key's master ("" if unknown)
-	args    []any
-	cmd     *redis.Cmd
+	// also: the other keys of a take of several buckets (multi.lua), after key
+	also []string
+	node string // on Cluster, the address of the key's master ("" if unknown)
+	args []any
+	cmd  *redis.Cmd
 }
 
 // newCall is the script invocation for request item on key: op and the limit, op's operands
@@ -171,6 +188,19 @@ func newCounterCall(item int, key, op string, l bucket.Limit, w bucket.Window, a
 	}}
 }
 
+// newMultiCall is multi.lua's invocation for request r (with Also): newCall's arguments of a take
+// from r.Key without a share cap, then the limit of each other bucket.
+func newMultiCall(item int, r *coordinator.TakeRequest, now any) call {
+	c := newCall(item, r.Key, "multi", r.Limit, int64(r.Want), int64(r.Min), bucket.WholeShare, r.Op, now, int64(max(1, r.Unit)), coordinator.Credit{}, 0, 0, debt{})
+	c.args = c.args[:17] // no demand or lease lifetime: the other limits follow
+	for _, b := range r.Also {
+		num, den := b.Limit.Rate()
+		c.args = append(c.args, int64(b.Limit.Capacity()), num, den, int64(b.Limit.FillTime()))
+		c.also = append(c.also, b.Key)
+	}
+	return c
+}
+
 // reply is the script's answer.
 type reply struct {
 	bucket.Result
@@ -204,6 +234,10 @@ func (s *Store) Take(ctx context.Context, reqs []coordinator.TakeRequest) ([]coo
 			calls = append(calls, newCounterCall(i, r.Key, "take", r.Limit, r.Period, int64(r.Want), int64(r.Min), share, r.Op, now, int64(max(1, r.Unit)), r.Credit, d))
 			continue
 		}
+		if len(r.Also) > 0 {
+			calls = append(calls, newMultiCall(i, r, now))
+			continue
+		}
 		calls = append(calls, newCall(i, r.Key, "take", r.Limit, int64(r.Want), int64(r.Min), share, r.Op, now, int64(max(1, r.Unit)), r.Credit, r.Demand, r.TTL, d))
 	}
 	if err := s.exec(ctx, calls); err != nil {
@@ -213,6 +247,12 @@ func (s *Store) Take(ctx context.Context, reqs []coordinator.TakeRequest) ([]coo
 		rep, err := c.answer("take")
 		if err != nil {
 			res[c.item].Err = err
+			continue
+		}
+		if c.also != nil {
+			// multi.lua answers the refusing bucket where the others answer the credit.
+			res[c.item] = coordinator.TakeResult{Result: rep.Result, Now: rep.now, Replayed: rep.replayed, Stale: rep.stale,
+				Refused: int(rep.credited)}
 			continue
 		}
 		res[c.item] = coordinator.TakeResult{Result: rep.Result, Credited: rep.credited, Debited: rep.debited, Pace: rep.pace,
@@ -278,7 +318,8 @@ func (s *Store) now() (any, error) {
 // exec runs calls in one round trip per node: one command for a single call (cheaper than a
 // pipeline of one), else one pipeline, which go-redis splits by node on Cluster. A NOSCRIPT reply
 // (Redis restarted or its script cache flushed) loads the script (into every node on Cluster) and
-// resends only the failed calls; steady state costs no extra round trip. exec returns an error
+// resends only the failed calls (after the others: the calls of a batch are independent, and
+// that once a batch may apply them out of order); steady state costs no extra round trip. exec returns an error
 // only when the whole batch failed; the error of one call is left in its command.
 func (s *Store) exec(ctx context.Context, calls []call) error {
 	if len(calls) == 0 {
@@ -287,17 +328,18 @@ func (s *Store) exec(ctx context.Context, calls []call) error {
 	only := s.nodes.admit(ctx, calls) // nil: every call
 	s.sendByNode(ctx, calls, only, false)
 	var missing []int
-	var buckets, counters bool // the scripts missing
+	var buckets, counters, multis bool // the scripts missing
 	for i := range calls {
 		if redis.HasErrorPrefix(calls[i].cmd.Err(), "NOSCRIPT") {
 			missing = append(missing, i)
 			counters = counters || calls[i].counter
-			buckets = buckets || !calls[i].counter
+			multis = multis || calls[i].also != nil
+			buckets = buckets || !calls[i].counter && calls[i].also == nil
 		}
 	}
 	if len(missing) > 0 {
 		// If a node cannot load it (a Cluster replica down), send the source instead.
-		loaded := loadScripts(ctx, s.c, buckets, counters) == nil
+		loaded := loadScripts(ctx, s.c, buckets, counters, multis) == nil
 		s.sendByNode(ctx, calls, missing, !loaded)
 	}
 	s.nodes.observe(ctx, calls, only)
@@ -341,8 +383,12 @@ func (s *Store) send(ctx context.Context, calls []call, only []int, source bool)
 	run := func(e evaler, c *call) {
 		keys := []string{c.key}
 		src, sc := bucketLua, script
-		if c.counter {
+		switch {
+		case c.counter:
 			src, sc = counterLua, counterScript
+		case c.also != nil:
+			keys = append(keys, c.also...)
+			src, sc = multiLua, multiScript
 		}
 		if source {
 			c.cmd = e.Eval(ctx, src, keys, c.args...)

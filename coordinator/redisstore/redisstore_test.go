@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"github.com/leasebucket/leasebucket/coordinator/storetest"
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
+	"github.com/leasebucket/leasebucket/policy"
 )
 
 var _ coordinator.Store = (*redisstore.Store)(nil)
@@ -683,4 +685,90 @@ func TestSentinelFailover(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	sn.WaitMaster(sn.Node(1)) // every sentinel names the old replica
+}
+
+// TestClusterMulti: a direct check of a route with charges is one script over keys the policy
+// gives the tenant's hash tag, so they share a slot on every master; the take is all or nothing
+// there too. Keys in different slots fail their item (CROSSSLOT), not the batch.
+func TestClusterMulti(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	rdb := cl.Client(t)
+	s := redisstore.New(rdb)
+	set, err := policy.Parse("p.yaml", []byte(`version: v1
+default: {limit: 100/minute}
+rules:
+  - name: chat
+    routes: [/chat]
+    operations: [write]
+    lease: off
+    limits: [{limit: 10/second, burst: 20}, {limit: 1000/hour}]
+  - name: budget
+    scope: tenant
+    operations: [write]
+    limit: 100/hour
+    burst: 5
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	route, _ := set.Match("/chat", "POST")
+	masters := map[string]bool{}
+	for i := range 12 {
+		tenant := "tenant-" + strconv.Itoa(i)
+		key, _ := set.Key(route, tenant, "")
+		lim, _ := set.Limits(route, tenant, "")
+		r := coordinator.TakeRequest{Key: key, Limit: lim.Bucket, Want: tok, Min: tok,
+			Op: coordinator.OpID{Agent: "agent", Seq: uint64(i + 1)}}
+		for _, id := range route.Charges() {
+			c := set.RouteByID(id)
+			k, _ := set.Key(c, tenant, "")
+			l, _ := set.Limits(c, tenant, "")
+			r.Also = append(r.Also, coordinator.Bucket{Key: k, Limit: l.Bucket})
+			if a, b := rdb.ClusterKeySlot(ctx(t), key).Val(), rdb.ClusterKeySlot(ctx(t), k).Val(); a != b {
+				t.Fatalf("%s in slot %d, %s in slot %d", key, a, k, b)
+			}
+		}
+		masters[cl.MasterForKey(key).Addr()] = true
+		// The budget's burst is 5: five takes, then a refusal by the budget that spends nothing.
+		for range 5 {
+			res, err := s.Take(ctx(t), []coordinator.TakeRequest{r})
+			if err != nil || res[0].Err != nil || res[0].Granted != tok {
+				t.Fatalf("%s: %v %+v", tenant, err, res)
+			}
+			r.Op.Seq += 100
+		}
+		res, err := s.Take(ctx(t), []coordinator.TakeRequest{r})
+		if err != nil || res[0].Err != nil || res[0].Granted != 0 || res[0].Refused != len(r.Also) {
+			t.Fatalf("%s: sixth take %v %+v, want refused by the budget", tenant, err, res)
+		}
+		// At most what refilled meanwhile: the route's own bucket 10 a second, the others a few an
+		// hour, so they show that the refusal charged nothing.
+		for k, want := range map[string][2]bucket.Micro{key: {15 * tok, 5 * tok}, r.Also[0].Key: {995 * tok, tok / 10}, r.Also[1].Key: {0, tok / 10}} {
+			got, err := rdb.HGet(ctx(t), k, "t").Int64()
+			if err != nil || bucket.Micro(got) < want[0] || bucket.Micro(got) > want[0]+want[1] {
+				t.Errorf("%s holds %d µ (%v), want %d µ and at most %d µ more", k, got, err, want[0], want[1])
+			}
+		}
+	}
+	if len(masters) < 2 {
+		t.Errorf("12 tenants on %d masters: tenants do not spread", len(masters))
+	}
+	// Keys without a common tag: that item fails, the batch does not.
+	l := mustLimit(t, 10*tok, tok, 1000)
+	var a, b string
+	for i := 0; a == "" || b == ""; i++ {
+		k := "x" + strconv.Itoa(i)
+		if a == "" {
+			a = k
+		} else if cl.MasterForKey(k) == cl.MasterForKey(a) && rdb.ClusterKeySlot(ctx(t), k).Val() != rdb.ClusterKeySlot(ctx(t), a).Val() {
+			b = k
+		}
+	}
+	res, err := s.Take(ctx(t), []coordinator.TakeRequest{
+		{Key: a, Limit: l, Want: tok, Min: tok, Also: []coordinator.Bucket{{Key: b, Limit: l}}},
+		{Key: a, Limit: l, Want: tok, Min: tok},
+	})
+	if err != nil || res[0].Err == nil || !strings.Contains(res[0].Err.Error(), "CROSSSLOT") || res[1].Granted != tok {
+		t.Fatalf("cross-slot take: %v %+v", err, res)
+	}
 }

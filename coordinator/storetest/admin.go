@@ -78,7 +78,8 @@ func SameSnapshot(a, b coordinator.Snapshot) bool {
 	return a.Stored == b.Stored && a.State == b.State && a.Expires == b.Expires && a.Expiry == b.Expiry &&
 		a.Now == b.Now && len(a.Takes) == len(b.Takes) && len(a.Returns) == len(b.Returns) &&
 		(len(a.Takes) == 0 || reflect.DeepEqual(a.Takes, b.Takes)) &&
-		(len(a.Returns) == 0 || reflect.DeepEqual(a.Returns, b.Returns)) && slices.Equal(a.Other, b.Other)
+		(len(a.Returns) == 0 || reflect.DeepEqual(a.Returns, b.Returns)) && slices.Equal(a.Other, b.Other) &&
+		len(a.Multis) == len(b.Multis) && (len(a.Multis) == 0 || reflect.DeepEqual(a.Multis, b.Multis))
 }
 
 // SnapshotString formats a snapshot for failure messages.
@@ -97,6 +98,9 @@ func SnapshotString(s coordinator.Snapshot) string {
 	}
 	for _, a := range sortedKeys(s.Returns) {
 		fmt.Fprintf(&b, " r:%s=%+v", a, s.Returns[a])
+	}
+	for _, a := range sortedKeys(s.Multis) {
+		fmt.Fprintf(&b, " m:%s=%+v", a, s.Multis[a])
 	}
 	if len(s.Other) > 0 {
 		fmt.Fprintf(&b, " other=%v", s.Other)

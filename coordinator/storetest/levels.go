@@ -36,6 +36,14 @@ func (l *Levels) Take(ctx context.Context, reqs []coordinator.TakeRequest) ([]co
 	res, err := l.store.Take(ctx, reqs)
 	if err == nil {
 		for i, r := range res {
+			if len(reqs[i].Also) > 0 {
+				// The least level of several buckets: none of them is known.
+				delete(l.levels, reqs[i].Key)
+				for _, b := range reqs[i].Also {
+					delete(l.levels, b.Key)
+				}
+				continue
+			}
 			l.note(reqs[i].Key, r.Result, r.Err, r.Replayed)
 		}
 	}

@@ -19,7 +19,7 @@ type NewStore func(t *testing.T, clock func() bucket.Millis) coordinator.Store
 
 // Run runs every behaviour as a subtest, each on a new store.
 func Run(t *testing.T, newStore NewStore) {
-	for _, tc := range slices.Concat(cases, counterCases) {
+	for _, tc := range slices.Concat(cases, counterCases, multiCases) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &fixture{t: t, now: start}
 			f.store = newStore(t, func() bucket.Millis { return f.now })
@@ -108,6 +108,9 @@ func TakeString(r coordinator.TakeRequest) string {
 	}
 	if r.Op.Agent != "" {
 		s += fmt.Sprintf(", op=%s/%d", r.Op.Agent, r.Op.Seq)
+	}
+	for _, b := range r.Also {
+		s += fmt.Sprintf(", also %q %v", b.Key, b.Limit)
 	}
 	return s + ")"
 }

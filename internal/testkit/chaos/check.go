@@ -408,7 +408,7 @@ func checkOutage(in CheckInput, o Outage) (OutageResult, []Violation) {
 			continue
 		}
 		switch r.Kind {
-		case KindMulti:
+		case KindMulti, KindDMulti:
 			multiChecks++
 			if r.Outcome == OutUnavailable {
 				multiUnavailable++

@@ -32,6 +32,7 @@ func testKeys(t *testing.T) (*Keys, map[Kind]*Key) {
 		{KindTail, tailTenant(0), tailPath(1), "GET"},
 		{KindDirect, directTenant(), directPath(1), "GET"},
 		{KindMulti, multiTenant(0), multiPath(1), multiOp()},
+		{KindDMulti, multiTenant(0), dmultiPath(1), multiOp()},
 		{KindSettled, settledTenant(0), settledPath(1), "GET"},
 	} {
 		key, err := ks.Add(k.kind, k.tenant, k.path, k.op)
@@ -547,5 +548,48 @@ func TestGrowth(t *testing.T) {
 		if !got[w] {
 			t.Fatalf("violations %v, want %v", vs, want)
 		}
+	}
+}
+
+// A direct check of several buckets (the dmulti rule) holds dmulti and dmulti#2 to the direct
+// bound C + r·w, and the tenant budget it shares with the multi route to its lease bound.
+func TestDMultiAdmission(t *testing.T) {
+	ks, k := testKeys(t)
+	m := k[KindDMulti]
+	bs := map[string]*Key{}
+	for _, b := range m.Buckets(ks) {
+		bs[b.Rule.Name] = b
+	}
+	if len(bs) != 3 || bs["dmulti#2"] == nil || bs["mbudget"] == nil || bs["mbudget"] != multiBuckets(t, ks, k[KindMulti])["mbudget"] {
+		t.Fatalf("the dmulti route charges %v, want dmulti, dmulti#2 and the multi route's mbudget", bs)
+	}
+	if bs["dmulti"].Tau != 0 || bs["dmulti#2"].Tau != 0 || bs["mbudget"].Tau != 2500*time.Millisecond {
+		t.Fatalf("τ of dmulti %v, dmulti#2 %v, mbudget %v: want 0, 0 and 2.5 s", bs["dmulti"].Tau, bs["dmulti#2"].Tau, bs["mbudget"].Tau)
+	}
+	for _, tc := range []struct {
+		name    string
+		records []Record
+		broken  []string
+	}{
+		// dmulti#2: C = 10, r = 20/s, τ = 0: 10 at once (the leased multi#2 may admit 14).
+		{"10 at once, then 20/s", append(allows(m, 10, 0, 0), allows(m, 40, ms(50), ms(50))...), nil},
+		{"one more than dmulti#2's C at once", allows(m, 11, 0, 0), []string{"dmulti#2"}},
+		{"refusals charge nothing", append(allows(m, 10, 0, 0), withOutcome(allows(m, 1000, 0, 0), OutDeny)...), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := Check(CheckInput{Keys: ks, Records: tc.records})
+			var got []string
+			for _, v := range violations(res, "admission") {
+				for name, b := range bs {
+					if strings.Contains(v.Detail, b.Name+" (bucket "+name+")") {
+						got = append(got, name)
+					}
+				}
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, tc.broken) || len(res.Violations) != len(tc.broken) {
+				t.Fatalf("bounds broken on %v, want %v (%v)", got, tc.broken, res.Violations)
+			}
+		})
 	}
 }

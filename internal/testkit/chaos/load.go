@@ -107,6 +107,9 @@ type LoadConfig struct {
 	// settled after its response with a heavy-tailed cost; 0: none.
 	Settled        float64
 	SettledTenants int
+	// DMulti is the checks a second of the dmulti rule (the multi rule in direct mode, under the
+	// same tenant budget) over the MultiTenants tenants, skewed as Multi; 0: none.
+	DMulti float64
 	// EnvoyEvery sends every n-th hot, cold, closed and emergency check through Envoy's
 	// ShouldRateLimit instead of Check (0: never).
 	EnvoyEvery int
@@ -145,6 +148,7 @@ type Load struct {
 	direct         *Key
 	multi          []*Key // the multi route's buckets (their Charges: multi#2 and the budget)
 	settled        []*Key
+	dmulti         []*Key // the dmulti route's buckets (their Charges: dmulti#2 and the budget)
 	churnSeq       []atomic.Int64
 	filters        []*envoyquota.Filter // per agent, with Quota
 }
@@ -190,6 +194,11 @@ func NewLoad(s *Stack, keys *Keys, cfg LoadConfig, seed uint64) (*Load, error) {
 	for i := range cfg.MultiTenants {
 		l.multi = append(l.multi, add(KindMulti, multiTenant(i), multiPath(0), multiOp()))
 	}
+	if cfg.DMulti > 0 {
+		for i := range cfg.MultiTenants {
+			l.dmulti = append(l.dmulti, add(KindDMulti, multiTenant(i), dmultiPath(0), multiOp()))
+		}
+	}
 	for i := range cfg.SettledTenants {
 		l.settled = append(l.settled, add(KindSettled, settledTenant(i), settledPath(0), "GET"))
 	}
@@ -231,7 +240,7 @@ func (l *Load) Start() {
 			rate float64
 		}{{KindHot, l.cfg.Hot}, {KindCold, l.cfg.Cold}, {KindChurn, l.cfg.Churn}, {KindClosed, l.cfg.Closed},
 			{KindEmergency, l.cfg.Emergency}, {KindLedger, l.cfg.Ledger}, {KindQuota, l.cfg.Quota},
-			{KindTail, l.cfg.Tail}, {KindDirect, l.cfg.Direct}, {KindMulti, l.cfg.Multi}, {KindSettled, l.cfg.Settled}} {
+			{KindTail, l.cfg.Tail}, {KindDirect, l.cfg.Direct}, {KindMulti, l.cfg.Multi}, {KindDMulti, l.cfg.DMulti}, {KindSettled, l.cfg.Settled}} {
 			if w.rate <= 0 {
 				continue
 			}
@@ -304,7 +313,7 @@ func (l *Load) DebtKeys() []*Key { return l.settled }
 
 // MultiKeys are the multi route's own buckets, one per tenant: the rule's first limit, a ledger
 // (each Key's Charges are the check's other buckets).
-func (l *Load) MultiKeys() []*Key { return l.multi }
+func (l *Load) MultiKeys() []*Key { return append(append([]*Key(nil), l.multi...), l.dmulti...) }
 
 // request is one check to send.
 type request struct {
@@ -351,7 +360,7 @@ func (l *Load) run(ai int, kind Kind, rate float64, rng *rand.Rand, slot int) {
 		switch kind {
 		case KindLedger:
 			gate = &l.ledger[ai]
-		case KindMulti:
+		case KindMulti, KindDMulti:
 			gate = &l.multiGate[ai]
 		}
 		if gate != nil {
@@ -433,7 +442,7 @@ func (l *Load) next(ai int, kind Kind, n int, rng *rand.Rand) request {
 		if rng.IntN(4) == 0 {
 			r.cost = 2
 		}
-	case KindMulti:
+	case KindMulti, KindDMulti:
 		// Tenant i with weight n − i: with three, a half, a third and a sixth of the load.
 		n := len(l.multi)
 		w := rng.IntN(n * (n + 1) / 2)
@@ -443,6 +452,9 @@ func (l *Load) next(ai int, kind Kind, n int, rng *rand.Rand) request {
 			i++
 		}
 		r.key, r.path, r.op = l.multi[i], multiPath(rng.IntN(1000)), multiOp()
+		if kind == KindDMulti {
+			r.key, r.path = l.dmulti[i], dmultiPath(rng.IntN(1000))
+		}
 	case KindSettled:
 		r.key, r.path, r.op = l.settled[rng.IntN(len(l.settled))], settledPath(rng.IntN(1000)), "GET"
 		r.cost, r.settle = 1+rng.Int64N(2), true

@@ -44,13 +44,18 @@ import (
 //     burst at the difference of the rates; then the budget binds, until the next fault lets it
 //     refill. Both fail closed with the same Retry-After, so a 503 says the same whichever of
 //     the check's buckets could not be reached.
+//   - dmulti: the multi rule in direct mode (lease: off) for the same tenants and operation, so
+//     mbudget covers it too: each check is one atomic take from dmulti (a ledger, as multi's
+//     first limit), dmulti#2 (20/s, burst 10) and the tenant's mbudget, which the multi route
+//     keeps charging from leases. dmulti and dmulti#2 keep the direct bound C + r·w, mbudget its
+//     lease bound; a refused check must leave nothing on the ledger (the ledger check).
 //   - settled: costs known after the response. Each check is allowed on an estimate (1 or 2) and
 //     settled, after a response time, with a heavy-tailed actual cost (Pareto, α 1.3, capped at
 //     C + max_debt = 80); extra cost beyond the lease is debt, down to max_debt (40) below zero.
 //     20/s with a burst of 40 (τ = 500 ms), offered about its rate in estimates and several times
 //     it in actual costs: the bucket lives in debt, and the checker holds its charges to
 //     C + r·(w + τ) + max_debt and Redis' level to −max_debt and above.
-const PolicyText = `version: "chaos-2"
+const PolicyText = `version: "chaos-3"
 
 operations:
   transfer: spend
@@ -133,6 +138,16 @@ rules:
       - {limit: 20/second, burst: 10}
     retry_after_on_failure: 3s
 
+  - name: dmulti
+    description: The multi rule in direct mode; one atomic take of its limits and the tenant budget.
+    routes: ["/dm/{id}"]
+    operations: [spend]
+    lease: off
+    limits:
+      - {limit: 1/day, burst: 200000}
+      - {limit: 20/second, burst: 10}
+    retry_after_on_failure: 3s
+
   - name: settled
     description: Costs known after the response; debt down to max_debt below zero.
     routes: ["/s/{id}"]
@@ -169,11 +184,12 @@ const (
 	KindTail    // the long tail: a key of thousands, each checked less often than its lease lives
 	KindDirect  // the direct-mode rule (lease: off)
 	KindMulti   // the multi rule: three buckets (two limits and a tenant budget) all or nothing
+	KindDMulti  // the dmulti rule: the multi rule's buckets in direct mode, one atomic take
 	KindSettled // the settled rule: estimates settled with heavy-tailed costs after the response
 	numKinds
 )
 
-var kindNames = [numKinds]string{"hot", "cold", "churn", "closed", "emergency", "ledger", "quota", "tail", "direct", "multi", "settled"}
+var kindNames = [numKinds]string{"hot", "cold", "churn", "closed", "emergency", "ledger", "quota", "tail", "direct", "multi", "dmulti", "settled"}
 
 func (k Kind) String() string {
 	if k < numKinds {
@@ -299,6 +315,7 @@ func multiPath(id int) string         { return fmt.Sprintf("/m/%d", id) }
 func multiOp() string                 { return "transfer" }
 func settledTenant(i int) string      { return fmt.Sprintf("st-%d", i) }
 func settledPath(id int) string       { return fmt.Sprintf("/s/%d", id) }
+func dmultiPath(id int) string        { return fmt.Sprintf("/dm/%d", id) }
 func bystanderTenant() string         { return "bystander" }
 func abuseTenant(i int) string        { return fmt.Sprintf("abuse-%d", i) }
 func coldPath(id int) string          { return fmt.Sprintf("/cold/%d", id) }

@@ -272,6 +272,7 @@ func (st StepResult) measured() string {
 // kindOfKey names the kind of a bucket key by its tenant.
 func kindOfKey(key string) Kind {
 	tenant, _, _ := strings.Cut(strings.TrimPrefix(key, "lb1:"), "|")
+	tenant = strings.TrimSuffix(strings.TrimPrefix(tenant, "{"), "}") // a key charged with others holds a hash tag
 	switch {
 	case tenant == hotTenant():
 		return KindHot

@@ -268,7 +268,12 @@ type AcquireItem struct {
 	ReturnMicro int64 `protobuf:"varint,5,opt,name=return_micro,json=returnMicro,proto3" json:"return_micro,omitempty"`
 	// granted_at_ms of the lease handed back.
 	ReturnGrantedAtMs int64 `protobuf:"varint,6,opt,name=return_granted_at_ms,json=returnGrantedAtMs,proto3" json:"return_granted_at_ms,omitempty"`
-	// Field 7: reserved for the other buckets of an all-or-nothing take.
+	// The other buckets a direct check of a route with charges takes from in the same atomic
+	// operation, all or nothing (docs/policy.md, "Several limits and tenant budgets"): exactly the
+	// route's charges (its rule's further limits, then the tenant budgets covering it), in the
+	// policy's order, of the item's tenant. Empty for every other item. Each is charged the item's
+	// amount; nothing rides back to them (return_micro is for the item's own bucket).
+	Also []*BucketRef `protobuf:"bytes,7,rep,name=also,proto3" json:"also,omitempty"`
 	// Cost charged after the fact (settled beyond an estimate), in microtokens: debited before the
 	// take even below zero, down to the rule's max_debt below zero (the rest is forgiven). An item
 	// with needed_micro and min_micro 0 and a debt only charges the debt.
@@ -349,6 +354,13 @@ func (x *AcquireItem) GetReturnGrantedAtMs() int64 {
 	return 0
 }
 
+func (x *AcquireItem) GetAlso() []*BucketRef {
+	if x != nil {
+		return x.Also
+	}
+	return nil
+}
+
 func (x *AcquireItem) GetDebtMicro() int64 {
 	if x != nil {
 		return x.DebtMicro
@@ -377,7 +389,9 @@ type AcquireResult struct {
 	// waits before it asks for this key again, until its share of the refill covers what it got
 	// (or, denied, needs); 0 otherwise (docs/leases.md, "Many agents on one key").
 	PaceMs int64 `protobuf:"varint,10,opt,name=pace_ms,json=paceMs,proto3" json:"pace_ms,omitempty"`
-	// Field 11: reserved for the all-or-nothing take.
+	// When an item with also is denied: which bucket refused (the one with the longest
+	// retry_after_ms): 0 the item's own bucket, i for also[i-1].
+	RefusedBucket uint32 `protobuf:"varint,11,opt,name=refused_bucket,json=refusedBucket,proto3" json:"refused_bucket,omitempty"`
 	// Microtokens of the item's debt_micro debited (the rest was forgiven: the bucket was at its
 	// max_debt).
 	DebtChargedMicro int64 `protobuf:"varint,12,opt,name=debt_charged_micro,json=debtChargedMicro,proto3" json:"debt_charged_micro,omitempty"`
@@ -474,6 +488,13 @@ func (x *AcquireResult) GetCreditedMicro() int64 {
 func (x *AcquireResult) GetPaceMs() int64 {
 	if x != nil {
 		return x.PaceMs
+	}
+	return 0
+}
+
+func (x *AcquireResult) GetRefusedBucket() uint32 {
+	if x != nil {
+		return x.RefusedBucket
 	}
 	return 0
 }
@@ -790,16 +811,17 @@ const file_leasebucket_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12%\n" +
 	"\x0epolicy_version\x18\x03 \x01(\tR\rpolicyVersion\x12=\n" +
 	"\x05items\x18\x04 \x03(\v2'.leasebucket.coordinator.v1.AcquireItemR\x05items\x12@\n" +
-	"\areturns\x18\x05 \x03(\v2&.leasebucket.coordinator.v1.ReturnItemR\areturns\"\xb6\x02\n" +
+	"\areturns\x18\x05 \x03(\v2&.leasebucket.coordinator.v1.ReturnItemR\areturns\"\xf1\x02\n" +
 	"\vAcquireItem\x12=\n" +
 	"\x06bucket\x18\x01 \x01(\v2%.leasebucket.coordinator.v1.BucketRefR\x06bucket\x12!\n" +
 	"\fneeded_micro\x18\x02 \x01(\x03R\vneededMicro\x12\x1b\n" +
 	"\tmin_micro\x18\x03 \x01(\x03R\bminMicro\x125\n" +
 	"\x17demand_micro_per_second\x18\x04 \x01(\x03R\x14demandMicroPerSecond\x12!\n" +
 	"\freturn_micro\x18\x05 \x01(\x03R\vreturnMicro\x12/\n" +
-	"\x14return_granted_at_ms\x18\x06 \x01(\x03R\x11returnGrantedAtMs\x12\x1d\n" +
+	"\x14return_granted_at_ms\x18\x06 \x01(\x03R\x11returnGrantedAtMs\x129\n" +
+	"\x04also\x18\a \x03(\v2%.leasebucket.coordinator.v1.BucketRefR\x04also\x12\x1d\n" +
 	"\n" +
-	"debt_micro\x18\b \x01(\x03R\tdebtMicro\"\x92\x03\n" +
+	"debt_micro\x18\b \x01(\x03R\tdebtMicro\"\xb9\x03\n" +
 	"\rAcquireResult\x12:\n" +
 	"\x06status\x18\x01 \x01(\x0e2\".leasebucket.coordinator.v1.StatusR\x06status\x12#\n" +
 	"\rgranted_micro\x18\x02 \x01(\x03R\fgrantedMicro\x12\x15\n" +
@@ -810,7 +832,8 @@ const file_leasebucket_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\breplayed\x18\b \x01(\bR\breplayed\x12%\n" +
 	"\x0ecredited_micro\x18\t \x01(\x03R\rcreditedMicro\x12\x17\n" +
 	"\apace_ms\x18\n" +
-	" \x01(\x03R\x06paceMs\x12,\n" +
+	" \x01(\x03R\x06paceMs\x12%\n" +
+	"\x0erefused_bucket\x18\v \x01(\rR\rrefusedBucket\x12,\n" +
 	"\x12debt_charged_micro\x18\f \x01(\x03R\x10debtChargedMicroJ\x04\b\a\x10\bR\x06scarce\"\x9a\x01\n" +
 	"\x0fAcquireResponse\x12C\n" +
 	"\aresults\x18\x01 \x03(\v2).leasebucket.coordinator.v1.AcquireResultR\aresults\x12B\n" +
@@ -873,22 +896,23 @@ var file_leasebucket_coordinator_v1_coordinator_proto_depIdxs = []int32{
 	3,  // 0: leasebucket.coordinator.v1.AcquireRequest.items:type_name -> leasebucket.coordinator.v1.AcquireItem
 	7,  // 1: leasebucket.coordinator.v1.AcquireRequest.returns:type_name -> leasebucket.coordinator.v1.ReturnItem
 	1,  // 2: leasebucket.coordinator.v1.AcquireItem.bucket:type_name -> leasebucket.coordinator.v1.BucketRef
-	0,  // 3: leasebucket.coordinator.v1.AcquireResult.status:type_name -> leasebucket.coordinator.v1.Status
-	4,  // 4: leasebucket.coordinator.v1.AcquireResponse.results:type_name -> leasebucket.coordinator.v1.AcquireResult
-	8,  // 5: leasebucket.coordinator.v1.AcquireResponse.returns:type_name -> leasebucket.coordinator.v1.ReturnResult
-	7,  // 6: leasebucket.coordinator.v1.ReturnRequest.items:type_name -> leasebucket.coordinator.v1.ReturnItem
-	1,  // 7: leasebucket.coordinator.v1.ReturnItem.bucket:type_name -> leasebucket.coordinator.v1.BucketRef
-	0,  // 8: leasebucket.coordinator.v1.ReturnResult.status:type_name -> leasebucket.coordinator.v1.Status
-	8,  // 9: leasebucket.coordinator.v1.ReturnResponse.results:type_name -> leasebucket.coordinator.v1.ReturnResult
-	2,  // 10: leasebucket.coordinator.v1.CoordinatorService.Acquire:input_type -> leasebucket.coordinator.v1.AcquireRequest
-	6,  // 11: leasebucket.coordinator.v1.CoordinatorService.Return:input_type -> leasebucket.coordinator.v1.ReturnRequest
-	5,  // 12: leasebucket.coordinator.v1.CoordinatorService.Acquire:output_type -> leasebucket.coordinator.v1.AcquireResponse
-	9,  // 13: leasebucket.coordinator.v1.CoordinatorService.Return:output_type -> leasebucket.coordinator.v1.ReturnResponse
-	12, // [12:14] is the sub-list for method output_type
-	10, // [10:12] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	1,  // 3: leasebucket.coordinator.v1.AcquireItem.also:type_name -> leasebucket.coordinator.v1.BucketRef
+	0,  // 4: leasebucket.coordinator.v1.AcquireResult.status:type_name -> leasebucket.coordinator.v1.Status
+	4,  // 5: leasebucket.coordinator.v1.AcquireResponse.results:type_name -> leasebucket.coordinator.v1.AcquireResult
+	8,  // 6: leasebucket.coordinator.v1.AcquireResponse.returns:type_name -> leasebucket.coordinator.v1.ReturnResult
+	7,  // 7: leasebucket.coordinator.v1.ReturnRequest.items:type_name -> leasebucket.coordinator.v1.ReturnItem
+	1,  // 8: leasebucket.coordinator.v1.ReturnItem.bucket:type_name -> leasebucket.coordinator.v1.BucketRef
+	0,  // 9: leasebucket.coordinator.v1.ReturnResult.status:type_name -> leasebucket.coordinator.v1.Status
+	8,  // 10: leasebucket.coordinator.v1.ReturnResponse.results:type_name -> leasebucket.coordinator.v1.ReturnResult
+	2,  // 11: leasebucket.coordinator.v1.CoordinatorService.Acquire:input_type -> leasebucket.coordinator.v1.AcquireRequest
+	6,  // 12: leasebucket.coordinator.v1.CoordinatorService.Return:input_type -> leasebucket.coordinator.v1.ReturnRequest
+	5,  // 13: leasebucket.coordinator.v1.CoordinatorService.Acquire:output_type -> leasebucket.coordinator.v1.AcquireResponse
+	9,  // 14: leasebucket.coordinator.v1.CoordinatorService.Return:output_type -> leasebucket.coordinator.v1.ReturnResponse
+	13, // [13:15] is the sub-list for method output_type
+	11, // [11:13] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_leasebucket_coordinator_v1_coordinator_proto_init() }

@@ -1,0 +1,64 @@
+package agent
+
+import (
+	"github.com/leasebucket/leasebucket/policy"
+	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
+)
+
+// A direct check of a route with charges (lease: off on a rule with several limits, or on a rule a
+// tenant budget covers) is one atomic take of its cost from every bucket the route charges, in one
+// store operation: all or nothing, exact per request. On the agent it is a direct check of the
+// route's own entry, as for a route of one bucket: it waits for that entry's refill, whose Acquire
+// item names the other buckets (AcquireItem.also, alsoRefs); the grant serves only the checks that
+// were waiting when the Acquire was first sent (grantLocked), and a denial names the bucket that
+// refused (refusedBy). The entries of the other buckets are not used: they belong to the routes
+// that charge them from leases, and the coordinator takes the direct check's cost from the
+// buckets themselves. What a grant leaves unserved (a check that stopped waiting) goes back to
+// the route's own bucket only: the others keep it spent (under-use, never overshoot).
+
+// directCharges reports whether a check of res is a direct check of several buckets.
+func directCharges(res *resolved) bool { return res.charges && res.route.Rule.Direct }
+
+// alsoRefs are the other buckets of e's direct Acquire item: its route's charges, in the policy's
+// order, of e's tenant and region; nil for any other entry.
+func (l *Limiter) alsoRefs(v *view, e *entry) []*coordinatorv1.BucketRef {
+	if !e.rule.Direct {
+		return nil
+	}
+	charges := v.set.RouteByID(e.route).Charges()
+	if len(charges) == 0 {
+		return nil
+	}
+	refs := make([]*coordinatorv1.BucketRef, len(charges))
+	for i, id := range charges {
+		r := v.set.RouteByID(id)
+		refs[i] = &coordinatorv1.BucketRef{
+			Rule:      r.Rule.Name,
+			Route:     r.Template(),
+			Operation: r.Operation(),
+			Tenant:    e.tenant,
+			Region:    e.lim.Region,
+		}
+	}
+	return refs
+}
+
+// refusedBy is the rule and limits of the bucket that refused e's direct take of several buckets
+// (AcquireResult.refused_bucket: 0 e's own, i the route's i-th charge), or e's own when the index
+// names no charge.
+func (l *Limiter) refusedBy(e *entry, refused uint32) (*policy.Rule, *policy.Limits) {
+	if refused == 0 || !e.rule.Direct {
+		return e.rule, e.lim
+	}
+	set := e.view.set
+	charges := set.RouteByID(e.route).Charges()
+	if int(refused) > len(charges) {
+		return e.rule, e.lim
+	}
+	r := set.RouteByID(charges[refused-1])
+	lim, err := set.Limits(r, e.tenant, l.cfg.Region)
+	if err != nil {
+		return e.rule, e.lim
+	}
+	return r.Rule, lim
+}

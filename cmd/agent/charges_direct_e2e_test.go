@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
+	"github.com/leasebucket/leasebucket/policy"
+	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
+)
+
+// chargesDirectPolicy: /direct is lease: off with two limits under a tenant budget; /leased
+// charges the same budget from leases. direct#2 and the budget refill slowly (a few tokens an
+// hour), so what is left in them at the end is what was admitted.
+const chargesDirectPolicy = `version: charges-direct-1
+rules:
+  - name: direct
+    routes: [/direct]
+    operations: [read]
+    lease: off
+    limits:
+      - {limit: 10/second, burst: 20}
+      - {limit: 2/hour, burst: 40}
+  - name: leased
+    routes: [/leased]
+    operations: [read]
+    limit: 1000/second
+    burst: 100
+  - name: budget
+    scope: tenant
+    limit: 1/hour
+    burst: 30
+default:
+  limit: 10/minute
+`
+
+// TestChargesDirect: two agent processes behind two coordinators, on a standalone Redis and on a
+// Cluster of three masters, hammer a direct route charged with a second limit and a tenant budget,
+// then a leased route charging the same budget. The direct route's own bucket keeps the direct
+// admission bound C + r·w; every bucket of the check was charged exactly the checks admitted
+// (checked in Redis: a refused check left nothing anywhere); the budget admits at most its burst
+// across both routes; and the refusal names the budget. On the Cluster, the keys of the check
+// share one slot.
+func TestChargesDirect(t *testing.T) {
+	redistest.Require(t)
+	for _, mode := range []string{"standalone", "cluster"} {
+		t.Run(mode, func(t *testing.T) {
+			var addrs string
+			var rdb redis.UniversalClient
+			if mode == "standalone" {
+				srv := redistest.Start(t)
+				addrs, rdb = srv.Addr(), srv.Client(t)
+			} else {
+				c := redistest.StartCluster(t, 3)
+				addrs, rdb = strings.Join(c.Addrs(), ","), c.Client(t)
+			}
+			file := filepath.Join(t.TempDir(), "policy.yaml")
+			if err := os.WriteFile(file, []byte(chargesDirectPolicy), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			set, err := policy.Parse(file, []byte(chargesDirectPolicy))
+			if err != nil {
+				t.Fatal(err)
+			}
+			coords := []*coordinatorNode{startCoordinator(t, file, addrs), startCoordinator(t, file, addrs)}
+			agents := []*agentNode{startAgent(t, file, coords, "--max-wait", "2s"), startAgent(t, file, coords, "--max-wait", "2s")}
+
+			allowed, outcomes := hammer(t, agents, &agentv1.CheckRequest{Tenant: "acme", Route: "/direct", Operation: "GET"}, 2*time.Second)
+			t.Logf("/direct: %v", outcomes)
+			if outcomes["error"] > 0 || len(allowed) == 0 || outcomes[agentv1.Decision_DECISION_DENY.String()] == 0 {
+				t.Fatalf("want allows and denials: %v", outcomes)
+			}
+			q := set.Rule("direct").Quota
+			tightest, err := checkAdmission(allowed, float64(q.Burst), float64(q.Requests)/q.Period.Seconds(), 0)
+			if err != nil {
+				t.Fatalf("the direct route's own bucket: %v", err)
+			}
+			t.Logf("%d allowed; tightest window of its own bucket: %s", len(allowed), tightest)
+
+			// The budget (30) refuses before direct#2 (40): every bucket of the check was charged
+			// exactly the checks admitted.
+			route, _ := set.Match("/direct", "GET")
+			keys := map[string]string{}
+			var slot int64 = -1
+			for _, id := range append([]uint32{route.ID}, route.Charges()...) {
+				r := set.RouteByID(id)
+				keys[r.Rule.Name], _ = set.Key(r, "acme", "")
+				if mode == "cluster" {
+					s := rdb.(*redis.ClusterClient).ClusterKeySlot(context.Background(), keys[r.Rule.Name]).Val()
+					if slot >= 0 && s != slot {
+						t.Fatalf("%s in slot %d, another bucket of the check in slot %d", keys[r.Rule.Name], s, slot)
+					}
+					slot = s
+				}
+			}
+			resp := agents[0].check(t, "acme", "/direct", "GET")
+			if resp.Decision != agentv1.Decision_DECISION_DENY || resp.Rule != "budget" {
+				t.Fatalf("/direct after the hammer: %v, want a denial by budget", resp)
+			}
+			level := func(rule string) int64 {
+				t.Helper()
+				v, err := rdb.HGet(context.Background(), keys[rule], "t").Result()
+				if err != nil {
+					t.Fatalf("%s: %v", keys[rule], err)
+				}
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			tok := int64(bucket.PerToken)
+			n := int64(len(allowed))
+			// At most what they refilled since (2 and 1 an hour: a tenth of a token in three minutes), far
+			// below one refused check.
+			if got := level("budget"); got < (30-n)*tok || got > (30-n)*tok+tok/10 {
+				t.Errorf("the budget holds %d µ, want %d µ (30 less %d admitted)", got, (30-n)*tok, n)
+			}
+			if got := level("direct#2"); got < (40-n)*tok || got > (40-n)*tok+tok/10 {
+				t.Errorf("direct#2 holds %d µ, want %d µ (40 less %d admitted)", got, (40-n)*tok, n)
+			}
+			if n > 30 {
+				t.Fatalf("%d admitted, more than the budget's burst 30", n)
+			}
+			// The leased route charges the same budget from leases: nothing left for it.
+			more, outcomes := hammer(t, agents, &agentv1.CheckRequest{Tenant: "acme", Route: "/leased", Operation: "GET"}, 500*time.Millisecond)
+			t.Logf("/leased: %v", outcomes)
+			if int64(len(more))+n > 30 {
+				t.Fatalf("%d + %d admitted across both routes, more than the budget's burst 30", n, len(more))
+			}
+		})
+	}
+}

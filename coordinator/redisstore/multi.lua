@@ -1,0 +1,222 @@
+-- multi.lua: one take of the same amount from several global token buckets, all or nothing
+-- (coordinator.TakeRequest with Also: a direct check of a route with charges), with the arithmetic
+-- of internal/bucket (State.Refill, State.Take, Full for a missing key) and the idempotency record
+-- of coordinator.OpID kept in the first bucket. It touches only its KEYS, which share one Redis
+-- Cluster slot (their hash tag), and makes no network call. memstore's takeAll is its twin.
+--
+-- KEYS     the buckets, each a hash as in bucket.lua (t, l, f, x, and c and records it leaves
+--          alone); KEYS[1] also holds
+--   m:<agent>  that agent's last take of several buckets: "seq granted remaining retry refused now"
+-- ARGV     'multi', capacity, num, den, fill (KEYS[1]'s bucket.Limit),
+--          want, least, 1000 (no share cap),
+--          agent ("" = not idempotent), seq, now ("" = Redis TIME),
+--          record_keep, max_records, expiry_margin (coordinator constants),
+--          unit, 0, 0 (no lease handed back),
+--          then for each of KEYS[2..]: capacity, num, den, fill
+-- Returns  {granted, remaining, retry_after, now, flags, refused, 0, 0}: granted is what a take of
+--          want, at least least, in whole units when cut (State.TakeShare), grants from a bucket
+--          holding the least any of them holds, or 0; remaining the least any bucket holds
+--          afterwards; retry_after, when denied, the longest among the buckets that cannot cover
+--          least (-1: never); now KEYS[1]'s clock; flags 1 replayed, 2 stale; refused, when
+--          denied, the index (0-based) of the bucket of that longest retry.
+--
+-- A denial changes no bucket but the first, which stores its refill and the record (as a denied
+-- take of bucket.lua does); a grant debits the same amount from every bucket and stores each. Numbers follow
+-- bucket.lua's header: integers below 2^53, no division but idiv, written with %d.
+--
+-- intmath.lua and common.lua, prepended to this script: idiv, ceil_div and int; ARGV 1 and
+-- 6..17, now, rec_field, replay, take_share and sweep.
+
+local n = #KEYS
+
+-- The limits: KEYS[1]'s in ARGV 2..5, the others' after ARGV 17, four numbers each.
+local lims = {}
+for i = 1, n do
+  local at = 2
+  if i > 1 then
+    at = 18 + (i - 2) * 4
+  end
+  lims[i] = {
+    capacity = tonumber(ARGV[at]),
+    num = tonumber(ARGV[at + 1]), -- refill: num microtokens every den ms; 0 never refills
+    den = tonumber(ARGV[at + 2]),
+    fill = tonumber(ARGV[at + 3]), -- ms for an empty bucket to fill; 0 when num == 0
+  }
+end
+
+-- bucket.lua's added and time_for, for limit m.
+local function added(m, elapsed, frac)
+  local q = idiv(elapsed, m.den)
+  local r = elapsed - q * m.den -- q*den <= elapsed
+  local t = r * m.num + frac -- r*num + frac < (num+1)*den <= 2^53 - 1
+  local w = idiv(t, m.den)
+  return q * m.num + w, t - w * m.den -- q*num < capacity + num <= 2^53 - 1; w*den <= t
+end
+
+local function time_for(m, amount, frac)
+  local q = idiv(amount, m.num)
+  local r = amount - q * m.num -- q*num <= amount
+  local x = r * m.den - frac -- r*den < num*den <= 2^53 - 1; x > -den
+  if x >= 0 then
+    return q * m.den + ceil_div(x, m.num) -- q*den <= capacity*den/num <= MaxFill = 2^45
+  end
+  return q * m.den - idiv(-x, m.num)
+end
+
+-- Read and refill every bucket (State.Refill); a key past its logical expiry is a full bucket
+-- with no records, and a missing key is full as of now (bucket.Full).
+local st = {}
+local record = nil
+local competes = false -- KEYS[1] holds c (bucket.lua's contention field), kept as it is
+for i = 1, n do
+  local k, m = KEYS[i], lims[i]
+  local h
+  if i == 1 then
+    h = redis.call('HMGET', k, 't', 'l', 'x', 'f', 'c', rec_field or 't')
+  else
+    h = redis.call('HMGET', k, 't', 'l', 'x', 'f')
+  end
+  local tokens, last, expiry, frac = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4]) or 0
+  if i == 1 then
+    competes = h[5] ~= false and h[5] ~= nil
+    if rec_field then
+      record = h[6]
+    end
+  end
+  if tokens and expiry and now >= expiry then
+    redis.call('DEL', k)
+    tokens, last, expiry, frac = nil, nil, nil, 0
+    if i == 1 then
+      record, competes = nil, false
+    end
+  end
+  if i == 1 then
+    -- Idempotency (common.lua): a repeat is answered from its record, an older take is stale.
+    local _, answer = replay(record, tokens, last)
+    if answer then
+      return answer
+    end
+  end
+  if not tokens or not last then
+    tokens, last, frac = m.capacity, now, 0
+  end
+  -- State.Refill, as bucket.lua's: from a debt (tokens < 0, a cost settled after the fact on
+  -- a bucket another route leases) first the time to reach zero, then the rest from there.
+  local elapsed = now - last
+  if elapsed > 0 then
+    last = now
+    if tokens < 0 and m.num > 0 then
+      local zero = time_for(m, -tokens, frac)
+      local add
+      if elapsed < zero then
+        add, frac = added(m, elapsed, frac)
+        tokens = tokens + add -- still below zero: add < -tokens
+        elapsed = 0
+      else
+        add, frac = added(m, zero, frac)
+        tokens = tokens + add -- 0 <= tokens < num + 1
+        elapsed = elapsed - zero
+        if tokens >= m.capacity then
+          tokens, frac = m.capacity, 0
+        end
+      end
+    end
+  end
+  if elapsed > 0 then
+    if tokens >= m.capacity or m.num == 0 then
+      frac = 0
+    elseif elapsed >= m.fill then -- clamp elapsed to the time to fill before multiplying
+      tokens, frac = m.capacity, 0
+    else
+      local add
+      add, frac = added(m, elapsed, frac)
+      tokens = tokens + add -- <= 2*capacity + num <= 2^53 - 1
+      if tokens >= m.capacity then
+        tokens, frac = m.capacity, 0
+      end
+    end
+  end
+  st[i] = {tokens = tokens, last = last, frac = frac, expiry = expiry}
+end
+
+-- All or nothing: the longest retry among the buckets that cannot cover least names the refusal.
+local granted, retry, refused = want, 0, 0
+local low = st[1].tokens -- the least any bucket holds
+for i = 1, n do
+  local s, m = st[i], lims[i]
+  low = math.min(low, s.tokens)
+  if s.tokens < least then
+    local r
+    if least > m.capacity or m.num == 0 then
+      r = NEVER
+    else
+      r = time_for(m, least - s.tokens, s.frac)
+    end
+    if granted ~= 0 or (retry ~= NEVER and (r == NEVER or r > retry)) then
+      retry, refused = r, i - 1
+    end
+    granted = 0
+  end
+end
+local commit = 1 -- a denial stores the first bucket's refill and the record
+if granted > 0 then
+  granted = take_share(low, want, share) -- common.lua: from a bucket holding the least of them
+  commit = n -- a grant stores every bucket
+  for i = 1, n do
+    st[i].tokens = st[i].tokens - granted
+  end
+end
+local remaining = st[1].tokens
+for i = 2, n do
+  remaining = math.min(remaining, st[i].tokens)
+end
+
+-- Store: bucket.lua's fields and expiry (once full plus the margin the key is a full bucket
+-- again; a bucket that is not full and never refills persists).
+local first_expires = false
+for i = 1, commit do
+  local k, s, m = KEYS[i], st[i], lims[i]
+  local has_expiry = s.tokens >= m.capacity or m.num > 0
+  local fields = {'t', int(s.tokens), 'l', int(s.last), 'f', int(s.frac)}
+  local new_expiry = 0
+  if has_expiry then
+    local ttf = 0
+    if s.tokens < m.capacity then
+      ttf = time_for(m, m.capacity - s.tokens, s.frac)
+    end
+    new_expiry = s.last + ttf + expiry_margin -- last < 2^52, ttf <= 2^45
+    fields[#fields + 1] = 'x'
+    fields[#fields + 1] = int(new_expiry)
+    if i == 1 then
+      first_expires = true
+    end
+  end
+  if i == 1 and rec_field then
+    fields[#fields + 1] = rec_field
+    fields[#fields + 1] = string.format('%d %d %d %d %d %d', seq, granted, remaining, retry, refused, s.last)
+  end
+  redis.call('HSET', k, unpack(fields))
+  if has_expiry then
+    if not injected then
+      redis.call('PEXPIRE', k, int(new_expiry - now)) -- >= expiry_margin: last >= now
+    end
+  elseif s.expiry then
+    redis.call('HDEL', k, 'x')
+    if not injected then
+      redis.call('PERSIST', k)
+    end
+  end
+end
+
+-- Sweep (common.lua) of KEYS[1]: besides the records it holds t, l, f, and x and c when it has
+-- them.
+local fixed = 3
+if first_expires then
+  fixed = fixed + 1
+end
+if competes then
+  fixed = fixed + 1
+end
+sweep(fixed, st[1].last)
+
+return {granted, remaining, retry, st[1].last, 0, refused, 0, 0}
