@@ -221,6 +221,11 @@ func (l *Limiter) acquireItem(now clock.Nanos, v *view, e *entry, c *Call) *coor
 		DemandMicroPerSecond: int64(l.sampleDemandLocked(now, e)),
 		Also:                 l.alsoRefs(v, e), // a direct check of several buckets (direct.go)
 	}
+	if len(it.Also) > 0 {
+		// A take of several buckets carries nothing else: a lease to hand back goes in a Return,
+		// a debt in an item of its own once this one is answered (oweAgainLocked).
+		return it
+	}
 	if b := e.s().back; b.amount > 0 {
 		if l.creditEstimate(now, e, b) > 0 {
 			// The key's own lease rides in its item: credited in the same atomic operation.
