@@ -20,7 +20,10 @@ func digest(s *Set) string {
 	for _, o := range sortedKeys(s.named) {
 		fmt.Fprintf(&b, "operation %q %q\n", o, s.named[o])
 	}
-	fmt.Fprintf(&b, "envoy %q %q %q %q %q\n", s.envoy.Domain, s.envoy.TenantKey, s.envoy.RouteKey, s.envoy.OperationKey, s.envoy.SettleKey)
+	fmt.Fprintf(&b, "envoy %q %q %q %q\n", s.envoy.Domain, s.envoy.TenantKey, s.envoy.RouteKey, s.envoy.OperationKey)
+	if s.envoy.SettleKey != "settle" {
+		fmt.Fprintf(&b, "envoy settle_key %q\n", s.envoy.SettleKey) // only when set: digests of earlier policies stay
+	}
 	if s.envoy.PerDescriptor {
 		b.WriteString("envoy charge per_descriptor\n")
 	}

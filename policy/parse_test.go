@@ -73,7 +73,7 @@ func TestExampleLoads(t *testing.T) {
 	if !s.Rule("reports-read").Shadow {
 		t.Error("reports-read is not in shadow mode")
 	}
-	if e := s.Envoy(); e != (Envoy{Domain: "leasebucket", TenantKey: "tenant", RouteKey: "path", OperationKey: "method"}) {
+	if e := s.Envoy(); e != (Envoy{Domain: "leasebucket", TenantKey: "tenant", RouteKey: "path", OperationKey: "method", SettleKey: "settle"}) {
 		t.Errorf("Envoy() = %+v", e)
 	}
 	if cl, ok := s.MethodClass("PURGE"); !ok || cl != "write" {
@@ -528,8 +528,8 @@ default: {limit: 10/minute, name: d}
 			`test.yaml:4: methods[FETCH]: class "Read" must match ^[a-z][a-z0-9_-]{0,31}$`,
 			`test.yaml:7: operations[read]: "read" is used as a class (by a method or another operation); a named operation needs its own name`,
 			`test.yaml:8: operations[Export]: named operation "Export" must match ^[a-z][a-z0-9_.-]{0,63}$`,
-			`test.yaml:11: envoy: tenant_key, route_key and operation_key must be different descriptor keys (got "x", "x", "method")`,
-			`test.yaml:14: envoy.colour: unknown field; known fields: domain, tenant_key, route_key, operation_key, charge`,
+			`test.yaml:11: envoy: tenant_key, route_key, operation_key and settle_key must be different descriptor keys (got "x", "x", "method", "settle")`,
+			`test.yaml:14: envoy.colour: unknown field; known fields: domain, tenant_key, route_key, operation_key, settle_key, charge`,
 			`test.yaml:15: default.name: unknown field; known fields: description, limit, burst, quota, timezone, limits, cost, scope, regions, on_failure, retry_after_on_failure, emergency, shadow, headers, lease, max_debt, overrides`,
 		}},
 		{"types", header + `  - name: [r]
