@@ -236,6 +236,16 @@ func (l *Limiter) applyReturns(c *Call, f Failure, n int, result func(int) *coor
 	if f == Answered && got != n {
 		f = MaybeApplied
 	}
+	for _, e := range c.backs {
+		// The hand-back is answered (or failed): the key's next one may go, and a lease retired
+		// meanwhile waits no longer.
+		e.mu.Lock()
+		e.returning = false
+		if e.s().back.amount > 0 && !e.backed {
+			l.settleBackLocked(c.sentAt, e)
+		}
+		e.unlock()
+	}
 	for i, e := range c.backs {
 		var amount, grantedAt int64
 		if c.Acquire != nil {

@@ -277,6 +277,12 @@ func (l *Limiter) debtItem(now clock.Nanos, v *view, e *entry, c *Call) *coordin
 	e.inflight = true
 	e.refilling.Store(true)
 	it := &coordinatorv1.AcquireItem{Bucket: l.ref(v, e), DemandMicroPerSecond: int64(e.demand.Rate())}
+	if b := e.s().back; b.amount > 0 && l.creditEstimate(now, e, b) > 0 {
+		// The key's lease to hand back rides here too: a call names a key once (the coordinator
+		// refuses a key among both its items and its returns).
+		it.ReturnMicro, it.ReturnGrantedAtMs = int64(b.amount), int64(b.grantedAt)
+		e.clearBack()
+	}
 	it.DebtMicro = int64(l.takeDebtLocked(e, c))
 	return it
 }
@@ -375,11 +381,20 @@ func (l *Limiter) returnItem(now clock.Nanos, v *view, e *entry) (*coordinatorv1
 	if b.amount == 0 {
 		return nil, false // rode with its key's refill meanwhile
 	}
+	if e.inflight {
+		// Its refill is out (in this call, perhaps: a call names a key once): the hand-back waits
+		// for the next refill or sweep.
+		return nil, false
+	}
+	if e.returning {
+		return nil, false // the answer to the hand-back out queues this one (applyReturns)
+	}
 	if credit := l.creditEstimate(now, e, b); credit <= 0 || (credit < e.unit && !e.dead.Load()) {
 		l.settleBackLocked(now, e) // decayed (dropped), or waits for its key's refill
 		return nil, false
 	}
 	e.clearBack()
+	e.returning = true
 	return &coordinatorv1.ReturnItem{Bucket: l.ref(v, e), UnspentMicro: int64(b.amount), GrantedAtMs: int64(b.grantedAt)}, true
 }
 

@@ -65,6 +65,7 @@ type entry struct {
 	queued    bool   // in the Limiter's refill queue
 	inflight  bool   // an Acquire for this entry is out
 	backed    bool   // in the Limiter's hand-back queue
+	returning bool   // a hand-back of this key is out in a call: the next waits for its answer (the store would find it stale if it overtook this one)
 	fail      *fails // nil until a refill of this key fails
 	// links are the entries a check of this key's route charges besides it (charges.go), found
 	// once and kept while they live; nil for most keys.

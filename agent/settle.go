@@ -171,6 +171,19 @@ func (h *holds) Len() int {
 func (l *Limiter) checkSettle(now clock.Nanos, res *resolved, tenant string) Verdict {
 	var cs [policy.MaxCharges + 1]charge
 	n := l.chargeEntries(res, tenant, &cs)
+	var from [policy.MaxCharges + 1]grant
+	if l.spendHeld(now, cs[:n], &from) {
+		v := allowCharges(cs[:n])
+		hd := &hold{n: n, estimate: bucket.Micro(res.cost), most: mostSettled(cs[:n])}
+		for i, ch := range cs[:n] {
+			hd.c[i] = heldCharge{e: ch.e, from: from[i]}
+		}
+		v.SettleID = l.keepHold(now, hd)
+		return v
+	}
+	// A lease cannot serve: spendAll decides (a denial, the failure mode, a refill to wait for,
+	// a shadow rule's bucket), and if it allows after all, the leases are read back below (a
+	// lease replaced in between is not known: its estimate is not credited back).
 	v, refused := l.spendAll(now, cs[:n])
 	switch {
 	case v.Outcome == Allow && v.Rule == nil:
@@ -197,6 +210,35 @@ func (l *Limiter) checkSettle(now clock.Nanos, res *resolved, tenant string) Ver
 	}
 	v.SettleID = l.keepHold(now, hd)
 	return v
+}
+
+// spendHeld spends each charge's cost from its entry's live lease (promoting a prefetched one)
+// under the entry's lock, so that the lease it came from is known for certain (from): a lease is
+// installed and retired only under that lock. All or nothing: when one cannot serve, what was
+// spent goes back into its lease and spendHeld reports false.
+func (l *Limiter) spendHeld(now clock.Nanos, cs []charge, from *[policy.MaxCharges + 1]grant) bool {
+	for i := range cs {
+		e, c := cs[i].e, cs[i].cost
+		cs[i].skipped = false
+		e.mu.Lock()
+		ok, low := false, false
+		if !e.dead.Load() && (e.usableLocked(now, c) || l.promoteLocked(now, e)) {
+			if left, lease, spent := e.spendLease(now, c); spent {
+				cs[i].lease = lease // under the lock the lease cannot change: lease is its expiry
+				from[i] = grant{expires: clock.Nanos(lease), grantedAt: e.grantedAt, recvAt: e.recvAt}
+				ok, low = true, left < e.lowWater.Load() && !e.refilling.Load()
+			}
+		}
+		e.unlock()
+		if low {
+			l.prefetch(e)
+		}
+		if !ok {
+			l.refund(cs[:i])
+			return false
+		}
+	}
+	return true
 }
 
 // holdAfter keeps the hold of a check with Query.Settle that was allowed without one: a rule with

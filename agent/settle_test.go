@@ -73,10 +73,11 @@ func TestSettleExact(t *testing.T) {
 		want += bucket.Micro(c.actual) * bucket.PerToken
 	}
 	s.stop(t)
-	if got := s.level(t, "/v1/complete", "POST", "acme"); got != 100*bucket.PerToken-want {
-		t.Errorf("bucket holds %d µ, want %d µ: charged exactly the actual costs", got, 100*bucket.PerToken-want)
-	}
 	st := s.lim.Stats()
+	if got := s.level(t, "/v1/complete", "POST", "acme"); got != 100*bucket.PerToken-want {
+		t.Errorf("bucket holds %d µ, want %d µ: charged exactly the actual costs (lost %d, skipped %d, uncredited %d, debt lost %d, forgiven %d, refunds lost %d)",
+			got, 100*bucket.PerToken-want, st.LostMicro.Load(), st.SkippedMicro.Load(), st.SettleUncredited.Load(), st.DebtLost.Load(), st.DebtForgiven.Load(), st.RefundsLost.Load())
+	}
 	if st.Settles.Load() != 5 || st.SettleUncredited.Load() != 0 {
 		t.Errorf("stats: %d settles, %d µ uncredited; want 5 and 0", st.Settles.Load(), st.SettleUncredited.Load())
 	}
