@@ -220,10 +220,9 @@ if op == 'take' then
     end
     total = math.max(demand, math.min(total, MAX_SHARE_DEMAND))
     local refill = refilled(ttl)
-    -- overloaded and shared: another agent asked lately (alone, an agent has nobody to share
-    -- with), and the demand over a lifetime (total/1000 < 2^34, ttl <= 30000) is at least the
+    -- overloaded: the demand over a lifetime (total/1000 < 2^34, ttl <= 30000) is at least the
     -- refill in it
-    if total > demand and idiv(total, WHOLE) * ttl >= refill then
+    if idiv(total, WHOLE) * ttl >= refill then
       mine = idiv(demand * WHOLE, total) -- demand*1000 < 2^53
       -- its share of what refilled since it last took: a lifetime if it never did or long ago,
       -- at most FRESH lifetimes

@@ -401,11 +401,10 @@ var cases = []testCase{
 		// bucket refills: it is refilling, nothing is cut or paced.
 		f.advance(2*ttl + 1)
 		f.take(take("b", 3, 12*tok, tok, 3*tok), want{granted: 10 * tok, remaining: 0, now: f.now})
-		// b alone over the rate: nobody to share with, so no rule: it gets what the bucket holds
-		// and is not paced (a denial's retry is the bucket's own).
+		// b alone over the rate: its share is the whole refill (10 tokens), paced until the refill
+		// covers what it got (no others, no floor).
 		f.advance(500)
-		f.take(take("b", 4, 12*tok, tok, 30*tok), want{granted: 5 * tok, remaining: 0, now: f.now})
-		f.take(take("b", 5, 12*tok, tok, 30*tok), want{retry: 100, now: f.now})
+		f.take(take("b", 4, 12*tok, tok, 30*tok), want{granted: 5 * tok, remaining: 0, now: f.now, pace: 500})
 		// Direct mode (no lifetime) and a take without demand are never paced.
 		f.advance(1000)
 		r = take("c", 1, 12*tok, tok, tok)

@@ -224,10 +224,9 @@ func Low(l bucket.Limit, tokens, want bucket.Micro) bool {
 // the time since this agent last took (0 if it never did); competing says a take of the key was
 // contended within the last FreshLeases lifetimes. It returns the want
 // to take and the agent's share in permille; contended is false (want unchanged) when the bucket
-// is not low (Low) and its agents are not competing, no other agent reported a fresh demand (an
-// agent alone has nobody to share with), the key is not overloaded (its demand over a lifetime is
-// below what the bucket refills in it), the plan keeps no lease (ttl 0: direct mode) or the agent
-// reported no demand. Once its agents compete, a key stays under the rule while it
+// is not low (Low) and its agents are not competing, the key is not overloaded (its demand over a
+// lifetime is below what the bucket refills in it), the plan keeps no lease (ttl 0: direct mode)
+// or the agent reported no demand. Once its agents compete, a key stays under the rule while it
 // is overloaded, whatever the bucket holds: the rule keeps the bucket where it was when they
 // began, and a bucket that drifted above the low mark would otherwise hand whole leases to some
 // while the others wait their turn.
@@ -237,11 +236,6 @@ func Contend(l bucket.Limit, tokens, want, least, unit, demand, total bucket.Mic
 	}
 	d := min(demand, MaxShareDemand)
 	total = max(d, min(total, MaxShareDemand))
-	if d >= total {
-		// No other agent asked of the key lately: nobody to share with, and pacing an agent
-		// alone would only refuse its checks longer than the bucket's own retry says.
-		return want, 0, false
-	}
 	// total/1000 < 2^34, ttl <= 3·10^4 ms: the demand over a lifetime stays below 2^49.
 	if total/bucket.WholeShare*bucket.Micro(ttl) < l.Refilled(ttl) {
 		return want, 0, false // not overloaded: the bucket is refilling

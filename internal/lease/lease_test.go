@@ -153,8 +153,6 @@ func TestContend(t *testing.T) {
 			cut: 3 * tok, share: 0, contended: true},
 		{name: "direct mode (no lifetime): never contended", tokens: 0, want: 5 * tok, demand: 1000 * tok, total: 40_000 * tok,
 			cut: 5 * tok},
-		{name: "alone, low and over the rate: nobody to share with", tokens: 1000 * tok, want: 5000 * tok, demand: 40_000 * tok,
-			total: 40_000 * tok, since: ttl, competing: true, cut: 5000 * tok},
 	} {
 		ttl := ttl
 		if tc.name == "direct mode (no lifetime): never contended" {
