@@ -77,7 +77,7 @@ func (e envoyServer) ShouldRateLimit(ctx context.Context, req *ratelimitv3.RateL
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	if slots[0].q.after {
-		return s.envoyAfter(slots), nil
+		return s.envoyAfter(slots)
 	}
 	if len(slots) == 1 || s.lim.view.Load().set.Envoy().PerDescriptor || !s.decideTogether(ctx, slots) {
 		s.decide(ctx, apiEnvoy, slots)
@@ -168,18 +168,23 @@ func (e envoyServer) ShouldRateLimit(ctx context.Context, req *ratelimitv3.RateL
 // with the policy's envoy.settle_key entry): each one's hits_addend is a cost after the fact,
 // charged in every bucket its check would charge (from leases, the rest as debt). Envoy ignores
 // the answer; it is OK for each.
-func (s *Server) envoyAfter(slots []slot) *ratelimitv3.RateLimitResponse {
+func (s *Server) envoyAfter(slots []slot) (*ratelimitv3.RateLimitResponse, error) {
 	now := s.now()
 	resp := &ratelimitv3.RateLimitResponse{
 		OverallCode: ratelimitv3.RateLimitResponse_OK,
 		Statuses:    make([]*ratelimitv3.RateLimitResponse_DescriptorStatus, len(slots)),
 	}
 	for i := range slots {
-		s.lim.ChargeAfter(now, slots[i].q)
+		if err := s.lim.ChargeAfter(now, slots[i].q); err != nil {
+			// Valid when read: the agent is shutting down, or a policy reload changed the
+			// descriptor's rule in between. The descriptors before it stay charged.
+			s.metrics.envoy("error")
+			return nil, status.Errorf(codes.Unavailable, "agent: descriptor %d: %v; retry", i, err)
+		}
 		resp.Statuses[i] = &ratelimitv3.RateLimitResponse_DescriptorStatus{Code: ratelimitv3.RateLimitResponse_OK}
 	}
 	s.metrics.envoy("after_response")
-	return resp
+	return resp, nil
 }
 
 func header(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, Value: v} }
