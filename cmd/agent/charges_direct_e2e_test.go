@@ -2,10 +2,7 @@ package main
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,7 +10,6 @@ import (
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
-	"github.com/leasebucket/leasebucket/policy"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
 
@@ -53,23 +49,7 @@ func TestChargesDirect(t *testing.T) {
 	redistest.Require(t)
 	for _, mode := range []string{"standalone", "cluster"} {
 		t.Run(mode, func(t *testing.T) {
-			var addrs string
-			var rdb redis.UniversalClient
-			if mode == "standalone" {
-				srv := redistest.Start(t)
-				addrs, rdb = srv.Addr(), srv.Client(t)
-			} else {
-				c := redistest.StartCluster(t, 3)
-				addrs, rdb = strings.Join(c.Addrs(), ","), c.Client(t)
-			}
-			file := filepath.Join(t.TempDir(), "policy.yaml")
-			if err := os.WriteFile(file, []byte(chargesDirectPolicy), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			set, err := policy.Parse(file, []byte(chargesDirectPolicy))
-			if err != nil {
-				t.Fatal(err)
-			}
+			addrs, rdb, file, set := redisAndPolicy(t, mode, chargesDirectPolicy)
 			coords := []*coordinatorNode{startCoordinator(t, file, addrs), startCoordinator(t, file, addrs)}
 			agents := []*agentNode{startAgent(t, file, coords, "--max-wait", "2s"), startAgent(t, file, coords, "--max-wait", "2s")}
 

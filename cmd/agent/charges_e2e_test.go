@@ -49,23 +49,7 @@ func TestChargesAcrossAgents(t *testing.T) {
 	redistest.Require(t)
 	for _, mode := range []string{"standalone", "cluster"} {
 		t.Run(mode, func(t *testing.T) {
-			var addrs string
-			var rdb redis.UniversalClient
-			if mode == "standalone" {
-				srv := redistest.Start(t)
-				addrs, rdb = srv.Addr(), srv.Client(t)
-			} else {
-				c := redistest.StartCluster(t, 3)
-				addrs, rdb = strings.Join(c.Addrs(), ","), c.Client(t)
-			}
-			file := filepath.Join(t.TempDir(), "policy.yaml")
-			if err := os.WriteFile(file, []byte(chargesE2EPolicy), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			set, err := policy.Parse(file, []byte(chargesE2EPolicy))
-			if err != nil {
-				t.Fatal(err)
-			}
+			addrs, rdb, file, set := redisAndPolicy(t, mode, chargesE2EPolicy)
 			coords := []*coordinatorNode{startCoordinator(t, file, addrs), startCoordinator(t, file, addrs)}
 			var agents []*agentNode
 			for range 3 {
@@ -176,4 +160,27 @@ default:
 		t.Fatal(err)
 	}
 	t.Logf("%d allowed; tightest window: %s", len(allowed), tightest)
+}
+
+// redisAndPolicy starts a standalone Redis or a Cluster of three masters (mode "standalone" or
+// "cluster"), writes the policy text to a file and parses it: the setup of the tests that run
+// agent processes on both.
+func redisAndPolicy(t *testing.T, mode, text string) (addrs string, rdb redis.UniversalClient, file string, set *policy.Set) {
+	t.Helper()
+	if mode == "standalone" {
+		srv := redistest.Start(t)
+		addrs, rdb = srv.Addr(), srv.Client(t)
+	} else {
+		c := redistest.StartCluster(t, 3)
+		addrs, rdb = strings.Join(c.Addrs(), ","), c.Client(t)
+	}
+	file = filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	set, err := policy.Parse(file, []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return addrs, rdb, file, set
 }

@@ -3,22 +3,17 @@ package main
 import (
 	"context"
 	"math"
-	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
-	"github.com/leasebucket/leasebucket/policy"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
 
@@ -45,23 +40,7 @@ func TestSettleAcrossAgents(t *testing.T) {
 	redistest.Require(t)
 	for _, mode := range []string{"standalone", "cluster"} {
 		t.Run(mode, func(t *testing.T) {
-			var addrs string
-			var rdb redis.UniversalClient
-			if mode == "standalone" {
-				srv := redistest.Start(t)
-				addrs, rdb = srv.Addr(), srv.Client(t)
-			} else {
-				c := redistest.StartCluster(t, 3)
-				addrs, rdb = strings.Join(c.Addrs(), ","), c.Client(t)
-			}
-			file := filepath.Join(t.TempDir(), "policy.yaml")
-			if err := os.WriteFile(file, []byte(settleE2EPolicy), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			set, err := policy.Parse(file, []byte(settleE2EPolicy))
-			if err != nil {
-				t.Fatal(err)
-			}
+			addrs, rdb, file, set := redisAndPolicy(t, mode, settleE2EPolicy)
 			r, _ := set.Match("/llm", "POST")
 			key, err := set.Key(r, "acme", "")
 			if err != nil {
