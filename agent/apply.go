@@ -236,16 +236,6 @@ func (l *Limiter) applyReturns(c *Call, f Failure, n int, result func(int) *coor
 	if f == Answered && got != n {
 		f = MaybeApplied
 	}
-	for _, e := range c.backs {
-		// The hand-back is answered (or failed): the key's next one may go, and a lease retired
-		// meanwhile waits no longer.
-		e.mu.Lock()
-		e.returning = false
-		if e.s().back.amount > 0 && !e.backed {
-			l.settleBackLocked(c.sentAt, e)
-		}
-		e.unlock()
-	}
 	for i, e := range c.backs {
 		var amount, grantedAt int64
 		if c.Acquire != nil {
@@ -253,22 +243,23 @@ func (l *Limiter) applyReturns(c *Call, f Failure, n int, result func(int) *coor
 		} else {
 			amount, grantedAt = c.Return.Items[i].UnspentMicro, c.Return.Items[i].GrantedAtMs
 		}
-		if (f == NotApplied || f == UnknownPolicy) && !e.view.closed.Load() {
-			// Not applied: it waits to be handed back again (unless its policy is gone: then no
-			// coordinator will take it).
-			e.mu.Lock()
+		// Not applied (the call was refused, or a newer return of the key overtook this one:
+		// STALE), it waits to be handed back again, unless its policy is gone: then no
+		// coordinator will take it.
+		again := (f == NotApplied || f == UnknownPolicy ||
+			f == Answered && result(i).GetStatus() == coordinatorv1.Status_STATUS_STALE) && !e.view.closed.Load()
+		// The hand-back is answered (or failed): the key's next one may go, and a lease retired
+		// meanwhile waits no longer.
+		e.mu.Lock()
+		e.returning = false
+		if again {
 			e.sw().back.add(bucket.Micro(amount), bucket.Millis(grantedAt), c.sentAt)
-			l.settleBackLocked(c.sentAt, e)
-			e.unlock()
-			continue
 		}
-		if f == Answered && result(i).GetStatus() == coordinatorv1.Status_STATUS_STALE && !e.view.closed.Load() {
-			// Nothing was done (a newer return of the key overtook it): it waits to be handed
-			// back again.
-			e.mu.Lock()
-			e.sw().back.add(bucket.Micro(amount), bucket.Millis(grantedAt), c.sentAt)
+		if e.s().back.amount > 0 && !e.backed {
 			l.settleBackLocked(c.sentAt, e)
-			e.unlock()
+		}
+		e.unlock()
+		if again {
 			continue
 		}
 		l.handedBack(amount)

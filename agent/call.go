@@ -182,24 +182,23 @@ func (l *Limiter) acquireItem(now clock.Nanos, v *view, e *entry, c *Call) *coor
 		e.slow.debtOnly = false
 	}
 	if len(e.s().waiting) == 0 {
-		if debtOnly && l.owes(e, c) {
+		refill := false
+		switch {
+		case debtOnly && l.owes(e, c):
 			// Queued for its debt: no check asked for a refill.
-			return l.debtItem(now, v, e, c)
-		}
-		if e.s().next.tokens > 0 {
+		case e.s().next.tokens > 0:
 			// A prefetch while the lease prefetched last time still waits to be installed (the
 			// next check does that): asking again would only add a lease that sits unused.
 			// refilling stays set, so checks below the low water do not queue it again;
 			// installing the waiting lease clears it (promoteLocked).
-			if l.owes(e, c) {
-				return l.debtItem(now, v, e, c)
-			}
-			return nil
-		}
-		if e.usableLocked(now, e.lowWater.Load()) || now < clock.Nanos(e.deniedUntil.Load()) {
+		case e.usableLocked(now, e.lowWater.Load()) || now < clock.Nanos(e.deniedUntil.Load()):
 			// A prefetch no longer needed (the prefetched lease was installed meanwhile), or not
 			// yet allowed (the key is paced: its share of the bucket's refill is not there yet).
 			e.refilling.Store(false)
+		default:
+			refill = true
+		}
+		if !refill {
 			if l.owes(e, c) {
 				return l.debtItem(now, v, e, c)
 			}
@@ -226,17 +225,23 @@ func (l *Limiter) acquireItem(now clock.Nanos, v *view, e *entry, c *Call) *coor
 		// a debt in an item of its own once this one is answered (oweAgainLocked).
 		return it
 	}
+	l.backAlongLocked(now, e, it)
+	it.DebtMicro = int64(l.takeDebtLocked(e, c))
+	return it
+}
+
+// backAlongLocked puts e's lease to hand back in e's item: credited in the same atomic operation
+// (and a call names a key once: the coordinator refuses a key among both its items and its
+// returns). One the coordinator would credit nothing of is given up. e.mu is held.
+func (l *Limiter) backAlongLocked(now clock.Nanos, e *entry, it *coordinatorv1.AcquireItem) {
 	if b := e.s().back; b.amount > 0 {
 		if l.creditEstimate(now, e, b) > 0 {
-			// The key's own lease rides in its item: credited in the same atomic operation.
 			it.ReturnMicro, it.ReturnGrantedAtMs = int64(b.amount), int64(b.grantedAt)
 			e.clearBack()
 		} else {
 			l.settleBackLocked(now, e) // decayed away: given up
 		}
 	}
-	it.DebtMicro = int64(l.takeDebtLocked(e, c))
-	return it
 }
 
 // owes reports whether e has debt for call c: a resend carries the debt of the call it repeats,
@@ -277,12 +282,7 @@ func (l *Limiter) debtItem(now clock.Nanos, v *view, e *entry, c *Call) *coordin
 	e.inflight = true
 	e.refilling.Store(true)
 	it := &coordinatorv1.AcquireItem{Bucket: l.ref(v, e), DemandMicroPerSecond: int64(e.demand.Rate())}
-	if b := e.s().back; b.amount > 0 && l.creditEstimate(now, e, b) > 0 {
-		// The key's lease to hand back rides here too: a call names a key once (the coordinator
-		// refuses a key among both its items and its returns).
-		it.ReturnMicro, it.ReturnGrantedAtMs = int64(b.amount), int64(b.grantedAt)
-		e.clearBack()
-	}
+	l.backAlongLocked(now, e, it)
 	it.DebtMicro = int64(l.takeDebtLocked(e, c))
 	return it
 }

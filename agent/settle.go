@@ -174,11 +174,7 @@ func (l *Limiter) checkSettle(now clock.Nanos, res *resolved, tenant string) Ver
 	var from [policy.MaxCharges + 1]grant
 	if l.spendHeld(now, cs[:n], &from) {
 		v := allowCharges(cs[:n])
-		hd := &hold{n: n, estimate: bucket.Micro(res.cost), most: mostSettled(cs[:n])}
-		for i, ch := range cs[:n] {
-			hd.c[i] = heldCharge{e: ch.e, from: from[i]}
-		}
-		v.SettleID = l.keepHold(now, hd)
+		v.SettleID = l.keepHold(now, res.cost, cs[:n], from[:n])
 		return v
 	}
 	// A lease cannot serve: spendAll decides (a denial, the failure mode, a refill to wait for,
@@ -195,20 +191,18 @@ func (l *Limiter) checkSettle(now clock.Nanos, res *resolved, tenant string) Ver
 	default:
 		return v
 	}
-	hd := &hold{n: n, estimate: bucket.Micro(res.cost), most: mostSettled(cs[:n])}
 	for i, ch := range cs[:n] {
-		hd.c[i].e = ch.e
 		if refused >= 0 || ch.skipped || ch.lease == 0 {
 			continue // not spent from a lease (what was, was refunded)
 		}
 		e := ch.e
 		e.mu.Lock()
 		if e.expires.Load() == ch.lease {
-			hd.c[i].from = grant{expires: clock.Nanos(ch.lease), grantedAt: e.grantedAt, recvAt: e.recvAt}
+			from[i] = grant{expires: clock.Nanos(ch.lease), grantedAt: e.grantedAt, recvAt: e.recvAt}
 		}
 		e.unlock()
 	}
-	v.SettleID = l.keepHold(now, hd)
+	v.SettleID = l.keepHold(now, res.cost, cs[:n], from[:n])
 	return v
 }
 
@@ -252,14 +246,19 @@ func (l *Limiter) holdAfter(now clock.Nanos, q Query) uint64 {
 	}
 	var cs [policy.MaxCharges + 1]charge
 	n := l.chargeEntries(&res, q.Tenant, &cs)
-	hd := &hold{n: n, estimate: bucket.Micro(res.cost), most: mostSettled(cs[:n])}
-	for i, ch := range cs[:n] {
-		hd.c[i].e = ch.e
-	}
-	return l.keepHold(now, hd)
+	return l.keepHold(now, res.cost, cs[:n], nil)
 }
 
-func (l *Limiter) keepHold(now clock.Nanos, hd *hold) uint64 {
+// keepHold keeps the hold of an allowed check of estimate µ over the charges cs, whose costs came
+// from the leases from (nil, or a zero grant: not known) and returns its settle id.
+func (l *Limiter) keepHold(now clock.Nanos, estimate int64, cs []charge, from []grant) uint64 {
+	hd := &hold{n: len(cs), estimate: bucket.Micro(estimate), most: mostSettled(cs)}
+	for i, ch := range cs {
+		hd.c[i].e = ch.e
+		if from != nil {
+			hd.c[i].from = from[i]
+		}
+	}
 	id, dropped := l.holds.put(now, hd)
 	l.stats.Holds.Add(1)
 	if dropped > 0 {
@@ -462,11 +461,18 @@ func (l *Limiter) liveEntry(e *entry) *entry {
 // validAfter checks a cost charged after the fact (ChargeAfter): its route and tenant resolve,
 // and it is 1..the least capacity + max_debt of the buckets it charges.
 func (l *Limiter) validAfter(v *view, q Query) error {
+	var res resolved
+	_, err := l.resolveAfter(v, q, &res)
+	return err
+}
+
+// resolveAfter resolves a cost charged after the fact into res (with a placeholder cost: res.cost
+// is not q's) and returns q's cost in tokens, checked against the buckets it charges.
+func (l *Limiter) resolveAfter(v *view, q Query, res *resolved) (int64, error) {
 	cost := q.Cost
 	q.Cost = 1
-	res, err := l.resolve(v, q)
-	if err != nil {
-		return err
+	if err := l.resolveInto(v, q, res); err != nil {
+		return 0, err
 	}
 	if cost == 0 {
 		cost = v.set.Cost(res.route)
@@ -475,37 +481,29 @@ func (l *Limiter) validAfter(v *view, q Query) error {
 	for _, id := range res.route.Charges() {
 		lim, err := v.set.Limits(v.set.RouteByID(id), q.Tenant, l.cfg.Region)
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrInvalidRoute, err)
+			return 0, fmt.Errorf("%w: %w", ErrInvalidRoute, err)
 		}
 		most = min(most, lim.Bucket.Capacity()+lim.MaxDebt)
 	}
 	if cost < 1 || cost > int64(most/bucket.PerToken) {
-		return fmt.Errorf("%w: cost %d after the response is not in 1..%d, the capacity plus max_debt of rule %q",
+		return 0, fmt.Errorf("%w: cost %d after the response is not in 1..%d, the capacity plus max_debt of rule %q",
 			ErrInvalidCost, cost, most/bucket.PerToken, res.route.Rule.Name)
 	}
-	return nil
+	return cost, nil
 }
 
 // ChargeAfter charges q.Cost, incurred after the response and never refused, in every bucket a
 // check of q charges: from the key's live lease as far as it holds, the rest as debt (as Settle
-// charges what exceeds an estimate). q is checked first (validAfter); an invalid q charges
-// nothing.
+// charges what exceeds an estimate). An invalid q (resolveAfter) charges nothing.
 func (l *Limiter) ChargeAfter(now clock.Nanos, q Query) error {
 	v := l.view.Load()
 	if v.closed.Load() {
 		return ErrClosed
 	}
-	if err := l.validAfter(v, q); err != nil {
-		return err
-	}
-	cost := q.Cost
-	q.Cost = 1
 	var res resolved
-	if err := l.resolveInto(v, q, &res); err != nil {
+	cost, err := l.resolveAfter(v, q, &res)
+	if err != nil {
 		return err
-	}
-	if cost == 0 {
-		cost = v.set.Cost(res.route)
 	}
 	var cs [policy.MaxCharges + 1]charge
 	n := l.chargeEntries(&res, q.Tenant, &cs)
