@@ -37,8 +37,8 @@
 -- multiplication (bucket.NewLimit guarantees the invariants it relies on). Division is never used
 -- directly: idiv computes an exact floor. Numbers are written with %d, never tostring's %.14g.
 --
--- intmath.lua and common.lua, prepended to this script: idiv, ceil_div and int; ARGV 1 and
--- 6..17, now, rec_field, take_share, charge and sweep.
+-- intmath.lua, common.lua and refill.lua, prepended to this script: idiv, ceil_div and int; ARGV
+-- 1 and 6..17, now, rec_field, take_share, charge and sweep; added, time_for and refill.
 
 local capacity = tonumber(ARGV[2])
 local num = tonumber(ARGV[3]) -- refill: num microtokens every den ms; num == 0 never refills
@@ -51,30 +51,8 @@ local max_debt = tonumber(ARGV[21]) -- take: how far below zero the debt may go,
 local FRESH = 2 -- lease.FreshLeases
 local MAX_SHARE_DEMAND = 8796093022208 -- lease.MaxShareDemand, 2^43
 
--- The refill of 0 <= elapsed <= fill ms on top of a remainder 0 <= frac < den (Limit.added):
--- whole microtokens and the new remainder of (elapsed*num + frac) / den.
-local function added(elapsed, frac)
-  local q = idiv(elapsed, den)
-  local r = elapsed - q * den -- q*den <= elapsed
-  local t = r * num + frac -- r*num + frac < den*num + den = (num+1)*den <= 2^53 - 1
-  local w = idiv(t, den)
-  return q * num + w, -- q*num <= fill*num/den < capacity + num <= 2^53 - 1
-    t - w * den -- w*den <= t
-end
-
--- ceil((amount*den - frac) / num) for 0 <= amount <= 2*capacity, 0 <= frac < den, num > 0
--- (Limit.timeForFrac): the ms until amount more microtokens are there (up to 2*capacity from a
--- debt: least - tokens, capacity - tokens).
-local function time_for(amount, frac)
-  local q = idiv(amount, num)
-  local r = amount - q * num -- q*num <= amount
-  local x = r * den - frac -- r*den < num*den <= 2^53 - 1; x > -den
-  if x >= 0 then
-    return q * den -- q*den <= amount*den/num <= 2*capacity*den/num <= 2*MaxFill = 2^46
-      + ceil_div(x, num)
-  end
-  return q * den - idiv(-x, num) -- the ceiling of a negative quotient
-end
+-- The limit, for refill.lua's added, time_for and refill.
+local lim = {capacity = capacity, num = num, den = den, fill = fill}
 
 -- ceil(age * num / den) for 0 < age < fill (Limit.timeDecay).
 local function time_decay(age)
@@ -109,44 +87,8 @@ if not tokens or not last then
   tokens, last, frac = capacity, now, 0 -- bucket.Full
 end
 
--- State.Refill: credit the time since last, capped at capacity, keeping the fraction of a
--- microtoken for the next refill; a clock that went back credits nothing and leaves last where
--- it was. From a debt (tokens < 0) first the time to reach zero (at most fill ms: -tokens <=
--- capacity), then the rest from there: the clamp to a whole fill holds only from zero up.
-local elapsed = now - last
-if elapsed > 0 then
-  last = now
-  if tokens < 0 and num > 0 then
-    local zero = time_for(-tokens, frac)
-    local add
-    if elapsed < zero then
-      add, frac = added(elapsed, frac)
-      tokens = tokens + add -- still below zero: add < -tokens
-      elapsed = 0
-    else
-      add, frac = added(zero, frac)
-      tokens = tokens + add -- 0 <= tokens < num + 1
-      elapsed = elapsed - zero
-      if tokens >= capacity then
-        tokens, frac = capacity, 0
-      end
-    end
-  end
-end
-if elapsed > 0 then
-  if tokens >= capacity or num == 0 then
-    frac = 0 -- full, or never refills
-  elseif elapsed >= fill then -- clamp elapsed to the time to fill before multiplying
-    tokens, frac = capacity, 0
-  else
-    local add
-    add, frac = added(elapsed, frac)
-    tokens = tokens + add -- <= 2*capacity + num <= 2^53 - 1
-    if tokens >= capacity then
-      tokens, frac = capacity, 0
-    end
-  end
-end
+-- State.Refill (refill.lua), from a debt too.
+tokens, last, frac = refill(lim, tokens, last, frac, now)
 
 -- State.Return: no lease exceeds the capacity, so neither does the credit; it decays by the
 -- refill since the grant, rounded up, and is capped at what the bucket can hold.
@@ -175,7 +117,7 @@ local function refilled(ms)
   elseif ms >= fill then
     return capacity
   end
-  local add = added(ms, 0)
+  local add = added(lim, ms, 0)
   return add
 end
 
@@ -257,7 +199,7 @@ if op == 'take' then
   elseif least > capacity or num == 0 then
     retry = NEVER
   else
-    retry = time_for(least - tokens, frac)
+    retry = time_for(lim, least - tokens, frac)
   end
   if contended then
     -- lease.Pace: until the agent's share of the refill covers what it got (or, denied, needs), at
@@ -268,7 +210,7 @@ if op == 'take' then
     end
     local tf = 0
     if num > 0 then
-      tf = time_for(math.min(amount, capacity), 0)
+      tf = time_for(lim, math.min(amount, capacity), 0)
     end
     if mine <= 0 or tf >= ttl then
       pace = longest
@@ -289,7 +231,7 @@ local new_expiry = 0
 if has_expiry then
   local ttf = 0
   if tokens < capacity then
-    ttf = time_for(capacity - tokens, frac) -- from a debt too: capacity - tokens <= 2*capacity
+    ttf = time_for(lim, capacity - tokens, frac) -- from a debt too: capacity - tokens <= 2*capacity
   end
   new_expiry = last + ttf + expiry_margin -- last < 2^52, ttf <= 2^46
   fields[#fields + 1] = 'x'

@@ -24,8 +24,8 @@
 -- take of bucket.lua does); a grant debits the same amount from every bucket and stores each. Numbers follow
 -- bucket.lua's header: integers below 2^53, no division but idiv, written with %d.
 --
--- intmath.lua and common.lua, prepended to this script: idiv, ceil_div and int; ARGV 1 and
--- 6..17, now, rec_field, replay, take_share and sweep.
+-- intmath.lua, common.lua and refill.lua, prepended to this script: idiv, ceil_div and int; ARGV
+-- 1 and 6..17, now, rec_field, replay, take_share and sweep; added, time_for and refill.
 
 local n = #KEYS
 
@@ -42,25 +42,6 @@ for i = 1, n do
     den = tonumber(ARGV[at + 2]),
     fill = tonumber(ARGV[at + 3]), -- ms for an empty bucket to fill; 0 when num == 0
   }
-end
-
--- bucket.lua's added and time_for, for limit m.
-local function added(m, elapsed, frac)
-  local q = idiv(elapsed, m.den)
-  local r = elapsed - q * m.den -- q*den <= elapsed
-  local t = r * m.num + frac -- r*num + frac < (num+1)*den <= 2^53 - 1
-  local w = idiv(t, m.den)
-  return q * m.num + w, t - w * m.den -- q*num < capacity + num <= 2^53 - 1; w*den <= t
-end
-
-local function time_for(m, amount, frac)
-  local q = idiv(amount, m.num)
-  local r = amount - q * m.num -- q*num <= amount
-  local x = r * m.den - frac -- r*den < num*den <= 2^53 - 1; x > -den
-  if x >= 0 then
-    return q * m.den + ceil_div(x, m.num) -- q*den <= capacity*den/num <= MaxFill = 2^45
-  end
-  return q * m.den - idiv(-x, m.num)
 end
 
 -- Read and refill every bucket (State.Refill); a key past its logical expiry is a full bucket
@@ -100,42 +81,9 @@ for i = 1, n do
   if not tokens or not last then
     tokens, last, frac = m.capacity, now, 0
   end
-  -- State.Refill, as bucket.lua's: from a debt (tokens < 0, a cost settled after the fact on
-  -- a bucket another route leases) first the time to reach zero, then the rest from there.
-  local elapsed = now - last
-  if elapsed > 0 then
-    last = now
-    if tokens < 0 and m.num > 0 then
-      local zero = time_for(m, -tokens, frac)
-      local add
-      if elapsed < zero then
-        add, frac = added(m, elapsed, frac)
-        tokens = tokens + add -- still below zero: add < -tokens
-        elapsed = 0
-      else
-        add, frac = added(m, zero, frac)
-        tokens = tokens + add -- 0 <= tokens < num + 1
-        elapsed = elapsed - zero
-        if tokens >= m.capacity then
-          tokens, frac = m.capacity, 0
-        end
-      end
-    end
-  end
-  if elapsed > 0 then
-    if tokens >= m.capacity or m.num == 0 then
-      frac = 0
-    elseif elapsed >= m.fill then -- clamp elapsed to the time to fill before multiplying
-      tokens, frac = m.capacity, 0
-    else
-      local add
-      add, frac = added(m, elapsed, frac)
-      tokens = tokens + add -- <= 2*capacity + num <= 2^53 - 1
-      if tokens >= m.capacity then
-        tokens, frac = m.capacity, 0
-      end
-    end
-  end
+  -- State.Refill (refill.lua): from a debt too (a cost settled after the fact on a bucket
+  -- another route leases).
+  tokens, last, frac = refill(m, tokens, last, frac, now)
   st[i] = {tokens = tokens, last = last, frac = frac, expiry = expiry}
 end
 

@@ -51,10 +51,15 @@ var intmathLua string
 //go:embed common.lua
 var commonLua string
 
+// refillLua is a token bucket's refill, for bucket.lua and multi.lua.
+//
+//go:embed refill.lua
+var refillLua string
+
 //go:embed bucket.lua
 var bucketBody string
 
-var bucketLua = intmathLua + commonLua + bucketBody
+var bucketLua = intmathLua + commonLua + refillLua + bucketBody
 
 var script = redis.NewScript(bucketLua)
 
@@ -69,7 +74,7 @@ var counterScript = redis.NewScript(counterLua)
 //go:embed multi.lua
 var multiBody string
 
-var multiLua = intmathLua + commonLua + multiBody
+var multiLua = intmathLua + commonLua + refillLua + multiBody
 
 // multiScript runs the takes of several buckets at once (those with Also).
 var multiScript = redis.NewScript(multiLua)

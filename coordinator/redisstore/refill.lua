@@ -1,0 +1,71 @@
+-- refill.lua: a token bucket's refill arithmetic for a limit m = {capacity, num, den, fill} (the
+-- bucket.Limit: num microtokens every den ms, fill ms for an empty bucket to fill), shared by
+-- bucket.lua and multi.lua. redisstore.go prepends it, after intmath.lua and common.lua. Numbers
+-- follow bucket.lua's header: integers below 2^53, no division but idiv.
+
+-- The refill of 0 <= elapsed <= fill ms on top of a remainder 0 <= frac < den (Limit.added):
+-- whole microtokens and the new remainder of (elapsed*num + frac) / den.
+local function added(m, elapsed, frac)
+  local q = idiv(elapsed, m.den)
+  local r = elapsed - q * m.den -- q*den <= elapsed
+  local t = r * m.num + frac -- r*num + frac < den*num + den = (num+1)*den <= 2^53 - 1
+  local w = idiv(t, m.den)
+  return q * m.num + w, -- q*num <= fill*num/den < capacity + num <= 2^53 - 1
+    t - w * m.den -- w*den <= t
+end
+
+-- ceil((amount*den - frac) / num) for 0 <= amount <= 2*capacity, 0 <= frac < den, num > 0
+-- (Limit.timeForFrac): the ms until amount more microtokens are there (up to 2*capacity from a
+-- debt: least - tokens, capacity - tokens).
+local function time_for(m, amount, frac)
+  local q = idiv(amount, m.num)
+  local r = amount - q * m.num -- q*num <= amount
+  local x = r * m.den - frac -- r*den < num*den <= 2^53 - 1; x > -den
+  if x >= 0 then
+    return q * m.den -- q*den <= amount*den/num <= 2*capacity*den/num <= 2*MaxFill = 2^46
+      + ceil_div(x, m.num)
+  end
+  return q * m.den - idiv(-x, m.num) -- the ceiling of a negative quotient
+end
+
+-- State.Refill: credit the time from last to now, capped at capacity, keeping the fraction of a
+-- microtoken for the next refill; a clock that went back credits nothing and leaves last where
+-- it was. From a debt (tokens < 0) first the time to reach zero (at most fill ms: -tokens <=
+-- capacity), then the rest from there: the clamp to a whole fill holds only from zero up.
+-- Returns tokens, last, frac.
+local function refill(m, tokens, last, frac, now)
+  local elapsed = now - last
+  if elapsed <= 0 then
+    return tokens, last, frac
+  end
+  last = now
+  if tokens < 0 and m.num > 0 then
+    local zero = time_for(m, -tokens, frac)
+    local add
+    if elapsed < zero then
+      add, frac = added(m, elapsed, frac)
+      return tokens + add, last, frac -- still below zero: add < -tokens
+    end
+    add, frac = added(m, zero, frac)
+    tokens = tokens + add -- 0 <= tokens < num + 1
+    elapsed = elapsed - zero
+    if tokens >= m.capacity then
+      return m.capacity, last, 0
+    end
+    if elapsed <= 0 then
+      return tokens, last, frac
+    end
+  end
+  if tokens >= m.capacity or m.num == 0 then
+    return tokens, last, 0 -- full, or never refills
+  elseif elapsed >= m.fill then -- clamp elapsed to the time to fill before multiplying
+    return m.capacity, last, 0
+  end
+  local add
+  add, frac = added(m, elapsed, frac)
+  tokens = tokens + add -- <= 2*capacity + num <= 2^53 - 1
+  if tokens >= m.capacity then
+    return m.capacity, last, 0
+  end
+  return tokens, last, frac
+end
