@@ -44,28 +44,7 @@ default:
 func TestChargesAllOrNothing(t *testing.T) {
 	set := parsePolicy(t, chargesPolicy)
 	s := newStack(t, set, stackOptions{})
-	ctx := context.Background()
-	allowed := 0
-	for i := range 40 {
-		v, err := s.srv.Decide(ctx, agent.Query{Tenant: "acme", Path: "/api/x", Operation: "GET"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		switch v.Outcome {
-		case agent.Allow:
-			allowed++
-		case agent.Deny:
-			if v.Rule.Name != "api#2" || v.RetryAfter < 5*time.Minute || v.RetryAfter > 12*time.Minute {
-				t.Fatalf("check %d refused by %s for %v, want api#2 for up to 12 minutes", i, v.Rule.Name, v.RetryAfter)
-			}
-		default:
-			t.Fatalf("check %d: %v", i, v.Outcome)
-		}
-		// Checks of another route charge the tenant budget alone beside their own bucket.
-		if v, err := s.srv.Decide(ctx, agent.Query{Tenant: "acme", Path: "/other", Operation: "GET"}); err != nil || v.Outcome != agent.Allow {
-			t.Fatalf("check of /other = %v, %v", v.Outcome, err)
-		}
-	}
+	allowed := checkAllOrNothing(t, s, "/api/x", "api#2", 5*time.Minute, 12*time.Minute)
 	if allowed != 5 {
 		t.Fatalf("%d checks allowed, want 5 (api#2 holds 10 tokens, a check costs 2)", allowed)
 	}
@@ -92,6 +71,34 @@ func TestChargesAllOrNothing(t *testing.T) {
 	if second != 0 {
 		t.Errorf("api#2 holds %d µ, want 0: its 10 tokens went to the 5 checks", second)
 	}
+}
+
+// checkAllOrNothing makes 40 checks of path for acme, each followed by a check of /other (which
+// charges the tenant budget alone beside its own bucket, and is always allowed), and returns how
+// many of path's were allowed; every refusal must name refuser with a Retry-After in [least, most].
+func checkAllOrNothing(t *testing.T, s *stack, path, refuser string, least, most time.Duration) (allowed int) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range 40 {
+		v, err := s.srv.Decide(ctx, agent.Query{Tenant: "acme", Path: path, Operation: "GET"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch v.Outcome {
+		case agent.Allow:
+			allowed++
+		case agent.Deny:
+			if v.Rule.Name != refuser || v.RetryAfter < least || v.RetryAfter > most {
+				t.Fatalf("check %d refused by %s for %v, want %s for %v to %v", i, v.Rule.Name, v.RetryAfter, refuser, least, most)
+			}
+		default:
+			t.Fatalf("check %d: %v", i, v.Outcome)
+		}
+		if v, err := s.srv.Decide(ctx, agent.Query{Tenant: "acme", Path: "/other", Operation: "GET"}); err != nil || v.Outcome != agent.Allow {
+			t.Fatalf("check of /other = %v, %v", v.Outcome, err)
+		}
+	}
+	return allowed
 }
 
 // chargeLevel is the store's level of the bucket of a charge (a rule's further limit or a tenant

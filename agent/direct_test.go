@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasebucket/leasebucket/agent"
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/internal/bucket"
 )
@@ -44,26 +43,7 @@ func TestChargesDirectAllOrNothing(t *testing.T) {
 	set := parsePolicy(t, directChargesPolicy)
 	s := newStack(t, set, stackOptions{})
 	ctx := context.Background()
-	allowed := 0
-	for i := range 40 {
-		v, err := s.srv.Decide(ctx, agent.Query{Tenant: "acme", Path: "/d", Operation: "GET"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		switch v.Outcome {
-		case agent.Allow:
-			allowed++
-		case agent.Deny:
-			if v.Rule.Name != "d#2" || v.RetryAfter < 11*time.Minute || v.RetryAfter > 12*time.Minute {
-				t.Fatalf("check %d refused by %s for %v, want d#2 for 12 minutes", i, v.Rule.Name, v.RetryAfter)
-			}
-		default:
-			t.Fatalf("check %d: %v", i, v.Outcome)
-		}
-		if v, err := s.srv.Decide(ctx, agent.Query{Tenant: "acme", Path: "/other", Operation: "GET"}); err != nil || v.Outcome != agent.Allow {
-			t.Fatalf("check of /other = %v, %v", v.Outcome, err)
-		}
-	}
+	allowed := checkAllOrNothing(t, s, "/d", "d#2", 11*time.Minute, 12*time.Minute)
 	if allowed != 5 {
 		t.Fatalf("%d checks allowed, want 5 (d#2 holds 10 tokens, a check costs 2)", allowed)
 	}
