@@ -159,35 +159,19 @@ func (l *Limiter) applyAcquire(now clock.Nanos, c *Call, r Reply) error {
 // item may have applied it: the key's resend carries the same debt, answered from the record.
 // e.mu is held.
 func (l *Limiter) debtAnsweredLocked(e *entry, c *Call, res *coordinatorv1.AcquireResult) {
-	out := e.s().debtOut
-	if out == 0 {
-		return
-	}
-	e.slow.debtOut = 0
-	s := e.slow
 	switch res.Status {
 	case coordinatorv1.Status_STATUS_OK, coordinatorv1.Status_STATUS_DENIED:
-		charged := min(max(0, bucket.Micro(res.DebtChargedMicro)), out)
-		l.stats.DebtCharged.Add(uint64(charged))
-		l.stats.DebtForgiven.Add(uint64(out - charged))
-		debited(s.debtOutFor, charged)
-		s.debtOutFor = nil
+		l.debtFateLocked(e, debtDebited, bucket.Micro(res.DebtChargedMicro))
 	case coordinatorv1.Status_STATUS_STALE:
-		s.debt += out
-		s.debtWait = append(s.debtOutFor, s.debtWait...)
-		s.debtOutFor = nil
+		l.debtFateLocked(e, debtAgain, 0)
 	case coordinatorv1.Status_STATUS_STORE_UNAVAILABLE:
 		if e.fail != nil && e.fail.lostSeq == c.Acquire.Seq {
-			e.fail.lostDebt = out // its settles wait for the resend
+			l.debtFateLocked(e, debtResent, 0)
 		} else {
-			l.stats.DebtLost.Add(uint64(out))
-			unconfirmed(s.debtOutFor)
-			s.debtOutFor = nil
+			l.debtFateLocked(e, debtLost, 0)
 		}
 	default: // the coordinator refused the item: it will refuse it again
-		l.stats.DebtLost.Add(uint64(out))
-		unconfirmed(s.debtOutFor)
-		s.debtOutFor = nil
+		l.debtFateLocked(e, debtLost, 0)
 	}
 }
 
@@ -197,24 +181,52 @@ func (l *Limiter) debtAnsweredLocked(e *entry, c *Call, res *coordinatorv1.Acqui
 // (answered from the record if it was debited); otherwise the debt is lost: it may have been
 // debited, and is never sent twice. e.mu is held.
 func (l *Limiter) debtFailedLocked(e *entry, c *Call, maybe bool) {
+	switch {
+	case !maybe:
+		l.debtFateLocked(e, debtAgain, 0)
+	case e.fail.lostSeq == c.Acquire.Seq:
+		l.debtFateLocked(e, debtResent, 0)
+	default:
+		l.debtFateLocked(e, debtLost, 0)
+	}
+}
+
+// debtFate is what became of the debt a call carried.
+type debtFate uint8
+
+const (
+	debtDebited debtFate = iota // answered: charged µ debited, the rest forgiven
+	debtAgain                   // nothing was done: pending again
+	debtResent                  // maybe applied: the key's resend of the seq carries it (fails.lostDebt)
+	debtLost                    // maybe applied and not resent, or refused: never sent again
+)
+
+// debtFateLocked ends e's debt out with its fate, and answers or requeues the settles waiting
+// for it. e.mu is held.
+func (l *Limiter) debtFateLocked(e *entry, fate debtFate, charged bucket.Micro) {
 	out := e.s().debtOut
 	if out == 0 {
 		return
 	}
-	e.slow.debtOut = 0
 	s := e.slow
-	switch {
-	case !maybe:
+	s.debtOut = 0
+	switch fate {
+	case debtDebited:
+		charged = min(max(0, charged), out)
+		l.stats.DebtCharged.Add(uint64(charged))
+		l.stats.DebtForgiven.Add(uint64(out - charged))
+		debited(s.debtOutFor, charged)
+	case debtAgain:
 		s.debt += out
 		s.debtWait = append(s.debtOutFor, s.debtWait...)
-		s.debtOutFor = nil
-	case e.fail.lostSeq == c.Acquire.Seq:
+	case debtResent:
 		e.fail.lostDebt = out // its settles wait for the resend
-	default:
+		return
+	case debtLost:
 		l.stats.DebtLost.Add(uint64(out))
 		unconfirmed(s.debtOutFor)
-		s.debtOutFor = nil
 	}
+	s.debtOutFor = nil
 }
 
 // oweAgainLocked queues e's pending debt after an answer (the call that carried the last one is
