@@ -1,6 +1,7 @@
 package clock
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -51,6 +52,95 @@ func TestCoarseNeverAhead(t *testing.T) {
 	src.Set(7000)
 	if f, now := c.Fresh(), c.Now(); f != 7000 || now != 7000 {
 		t.Fatalf("Fresh() = %d, then Now() = %d; want both the source's 7000", f, now)
+	}
+}
+
+// TestCoarseSleeps: a coarse clock nobody reads stops ticking after sleepAfter ticks (its reading
+// stays as it was, marked stale, while the source moves on); the next Now reads the source
+// exactly and wakes it, and it ticks on from there.
+func TestCoarseSleeps(t *testing.T) {
+	src := NewManual(1000)
+	c := newCoarse(src, time.Millisecond)
+	defer c.Close()
+	waitFor(t, "the clock to sleep", func() bool { return c.now.Load()&stale != 0 })
+	asleep := c.now.Load()
+	src.Set(9000)
+	time.Sleep(30 * time.Millisecond) // thirty ticks, were it ticking
+	if n := c.now.Load(); n != asleep {
+		t.Fatalf("the sleeping clock moved from %d to %d: it ticked", asleep, n)
+	}
+	if now := c.Now(); now != 9000 {
+		t.Fatalf("Now() = %d on waking, want the source's 9000", now)
+	}
+	if n := c.now.Load(); n != 9000 {
+		t.Fatalf("after waking the reading is %d, want 9000 unmarked", n)
+	}
+	src.Set(11000)
+	waitFor(t, "the woken clock to tick to 11000", func() bool { return c.now.Load()&^stale == 11000 })
+	if now := c.Now(); now != 11000 {
+		t.Fatalf("Now() = %d, want 11000", now)
+	}
+}
+
+// TestCoarseReaders: readers of a clock that sleeps and wakes all the time (they read in bursts)
+// see readings that never go back and are never ahead of the source.
+func TestCoarseReaders(t *testing.T) {
+	src := NewManual(0)
+	c := newCoarse(src, 100*time.Microsecond)
+	defer c.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 20000; i++ {
+			src.Advance(2 * time.Microsecond)
+			if i%1000 == 0 {
+				time.Sleep(5 * time.Millisecond) // long enough for the clock to fall asleep
+			}
+		}
+	}()
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			var last Nanos
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					errs <- nil
+					return
+				default:
+				}
+				now := c.Now()
+				if ahead := src.Now(); now > ahead {
+					errs <- fmt.Errorf("Now() = %d is ahead of the source's %d", now, ahead)
+					return
+				}
+				if now < last {
+					errs <- fmt.Errorf("Now() = %d after %d: the reading went back", now, last)
+					return
+				}
+				last = now
+				if i%500 == 0 {
+					time.Sleep(3 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waitFor polls cond every millisecond for at most 5 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 5 s for %s", what)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
