@@ -104,7 +104,14 @@ const DefaultSampleAllow = 0.001
 // check that offers the event a few microseconds (a futex call); on a timer the check only copies
 // the event into the channel's buffer. Events wait 5 ms at most; at DefaultCapacity that is 1.6
 // million events a second before the queue fills.
-const pollEvery = 5 * time.Millisecond
+//
+// A timer wakes an idle process too (two hundred times a second): after idlePolls polls that
+// found nothing the writer sleeps until an Offer wakes it. Only the first event after a quiet
+// moment pays the wake-up; it is written at once.
+const (
+	pollEvery = 5 * time.Millisecond
+	idlePolls = 20
+)
 
 // DefaultCapacity bounds the queue when Config.Capacity is 0. An event is about 200 bytes and
 // each priority has a channel of this size, so the queue costs about 3 MiB; the writer drains a
@@ -143,6 +150,8 @@ type Queue struct {
 	threshold uint64 // an allow is sampled when a random uint64 is below it
 	all       bool   // SampleAllow is 1
 	closed    atomic.Bool
+	asleep    atomic.Bool   // the writer waits for wake (idlePolls found nothing)
+	wake      chan struct{} // an Offer wakes the sleeping writer
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -178,6 +187,7 @@ func New(cfg Config) (*Queue, error) {
 		low:      make(chan Event, cfg.Capacity),
 		capacity: int64(cfg.Capacity),
 		all:      cfg.SampleAllow == 1,
+		wake:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 		log:      cfg.Logger,
@@ -267,6 +277,12 @@ func (q *Queue) Offer(ev Event, p Priority) bool {
 	}
 	select {
 	case ch <- ev:
+		if q.asleep.Load() && q.asleep.CompareAndSwap(true, false) {
+			select {
+			case q.wake <- struct{}{}:
+			default:
+			}
+		}
 		return true
 	default: // not reached: size bounds the channels (see Queue); counted rather than blocking
 		q.size.Add(-1)
@@ -296,8 +312,27 @@ func (q *Queue) run() {
 	defer close(q.done)
 	tick := time.NewTicker(pollEvery)
 	defer tick.Stop()
-	for {
-		q.writeQueued()
+	for idle := 0; ; {
+		if idle++; q.writeQueued() {
+			idle = 0
+		}
+		if idle >= idlePolls {
+			idle = 0
+			// An Offer sends, then looks at asleep; the writer sets asleep, then looks at what is
+			// queued: one of them sees the other, so no event waits for a writer that sleeps on.
+			q.asleep.Store(true)
+			if q.size.Load() == 0 {
+				tick.Stop()
+				select {
+				case <-q.stop:
+					return
+				case <-q.wake:
+				}
+				tick.Reset(pollEvery)
+			}
+			q.asleep.Store(false)
+			continue
+		}
 		select {
 		case <-q.stop:
 			return
@@ -307,22 +342,24 @@ func (q *Queue) run() {
 }
 
 // writeQueued writes what is queued, high priority first: a burst of denies is written before
-// the sampled allows queued with it.
-func (q *Queue) writeQueued() {
+// the sampled allows queued with it. It reports whether it wrote anything.
+func (q *Queue) writeQueued() (wrote bool) {
 	for {
 		select {
 		case ev := <-q.high:
 			q.write(&ev, High)
+			wrote = true
 			continue
 		default:
 		}
 		select {
 		case ev := <-q.low:
 			q.write(&ev, Sampled)
+			wrote = true
 		case <-q.stop:
-			return
+			return wrote
 		default:
-			return
+			return wrote
 		}
 	}
 }

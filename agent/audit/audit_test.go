@@ -320,3 +320,35 @@ func TestCloseBounded(t *testing.T) {
 		t.Fatalf("%v written, %v dropped at close, want 8 in all with some dropped", written, dropped)
 	}
 }
+
+// TestWriterSleeps: offers in bursts with quiet moments between them, long enough for the writer
+// to fall asleep (idlePolls empty polls), from several goroutines at once: every event is written
+// without Close's drain, so no Offer leaves an event to a writer that sleeps on.
+func TestWriterSleeps(t *testing.T) {
+	rec := &recorder{}
+	q, _ := newQueue(t, audit.Config{Sink: rec, SampleAllow: 1})
+	q.Start()
+	const writers, bursts, perBurst = 4, 6, 50
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for b := range bursts {
+				for i := range perBurst {
+					if !q.Offer(ev("deny", (w*bursts+b)*perBurst+i), audit.High) {
+						t.Error("an Offer was refused")
+						return
+					}
+				}
+				time.Sleep(time.Duration(120+w*37) * time.Millisecond) // beyond 20 polls of 5 ms
+			}
+		})
+	}
+	wg.Wait()
+	deadline := time.Now().Add(5 * time.Second)
+	for n := len(rec.all()); n < writers*bursts*perBurst; n = len(rec.all()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d events written 5 s after the last Offer: the writer slept on queued events", n, writers*bursts*perBurst)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
