@@ -65,6 +65,25 @@ func (l *Limiter) Reserve(now clock.Nanos, q Query, a ReserveAsk) (Reservation, 
 	if err != nil {
 		return Reservation{}, Verdict{}, err
 	}
+	return l.reserve(now, &res, q.Tenant, a)
+}
+
+// reserveResolved is Reserve of a query resolved in res.view, which a holder that reserves for the
+// same key again and again (an Envoy's quota bucket) resolves once per policy view: the policy's
+// match is not repeated, and its entry is looked up again only once it was retired. It is Reserve
+// exactly: a view's limits and costs never change, and an entry is its key's while it is live.
+func (l *Limiter) reserveResolved(now clock.Nanos, res *resolved, tenant string, a ReserveAsk) (Reservation, Verdict, error) {
+	if res.view.closed.Load() {
+		return Reservation{}, Verdict{}, ErrClosed
+	}
+	if e := res.e; e == nil || e.dead.Load() {
+		res.e = res.view.table.get(res.hash, res.route.ID, tenant)
+	}
+	return l.reserve(now, res, tenant, a)
+}
+
+// reserve is Reserve of a resolved query; res.e is set to the key's entry, inserted if need be.
+func (l *Limiter) reserve(now clock.Nanos, res *resolved, tenant string, a ReserveAsk) (Reservation, Verdict, error) {
 	if res.route.Rule.Direct {
 		return Reservation{}, Verdict{}, fmt.Errorf("%w: rule %q", ErrNotReservable, res.route.Rule.Name)
 	}
@@ -74,7 +93,8 @@ func (l *Limiter) Reserve(now clock.Nanos, q Query, a ReserveAsk) (Reservation, 
 	}
 	e := res.e
 	if e == nil {
-		e = l.insert(&res, q.Tenant)
+		e = l.insert(res, tenant)
+		res.e = e
 	} else if !e.touched.Load() {
 		e.touched.Store(true)
 	}
@@ -298,11 +318,21 @@ func (l *Limiter) ObserveDemand(q Query, rate bucket.Micro) error {
 	if err != nil {
 		return err
 	}
-	if res.e == nil || rate <= 0 {
-		return nil // a key not in the table: its first refill starts from nothing anyway
-	}
-	res.e.mu.Lock()
-	res.e.demand.Observe(rate, time.Second)
-	res.e.unlock()
+	l.observeDemandResolved(&res, q.Tenant, rate)
 	return nil
+}
+
+// observeDemandResolved is ObserveDemand of a query resolved in res.view (as reserveResolved).
+func (l *Limiter) observeDemandResolved(res *resolved, tenant string, rate bucket.Micro) {
+	if res.view.closed.Load() || rate <= 0 {
+		return
+	}
+	if e := res.e; e == nil || e.dead.Load() {
+		res.e = res.view.table.get(res.hash, res.route.ID, tenant)
+	}
+	if e := res.e; e != nil { // a key not in the table: its first refill starts from nothing anyway
+		e.mu.Lock()
+		e.demand.Observe(rate, time.Second)
+		e.unlock()
+	}
 }

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"container/heap"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -213,7 +212,7 @@ func (qs *quotaService) observeLocked(now clock.Nanos, b *quotaBucket, key strin
 // feed feeds sum, requests per second, into the demand of b's key.
 func (qs *quotaService) feed(b *quotaBucket, sum float64) {
 	if unit := b.unit; unit > 0 && sum > 0 {
-		_ = qs.s.lim.ObserveDemand(b.q, bucket.Micro(min(sum*float64(unit), float64(bucket.MaxExact))))
+		qs.s.lim.observeDemandResolved(&b.res, b.q.Tenant, bucket.Micro(min(sum*float64(unit), float64(bucket.MaxExact))))
 	}
 }
 
@@ -516,15 +515,15 @@ func (st *quotaStream) scheduleBy(b *quotaBucket, now, at clock.Nanos) {
 func (st *quotaStream) setDue(b *quotaBucket, at clock.Nanos) {
 	if b.index >= 0 {
 		st.due[b.index].at = at
-		heap.Fix(&st.due, b.index)
+		st.due.fix(b.index)
 		return
 	}
-	heap.Push(&st.due, dueEntry{at: at, b: b})
+	st.due.push(dueEntry{at: at, b: b})
 }
 
 func (st *quotaStream) unschedule(b *quotaBucket) {
 	if b.index >= 0 {
-		heap.Remove(&st.due, b.index)
+		st.due.remove(b.index)
 	}
 }
 
@@ -532,7 +531,7 @@ func (st *quotaStream) unschedule(b *quotaBucket) {
 func (st *quotaStream) onDue() {
 	now := st.s.now()
 	for len(st.due) > 0 && st.due[0].at <= now {
-		b := heap.Pop(&st.due).(dueEntry).b
+		b := st.due.remove(0)
 		if b.polling {
 			st.poll(now, b)
 			continue
@@ -606,8 +605,10 @@ func (st *quotaStream) onReady(b *quotaBucket) {
 	st.decided(now, b, r, v)
 }
 
-// dueHeap orders buckets by when they are next looked at. An entry holds its time, so that
-// ordering reads the heap's array only.
+// dueHeap orders buckets by when they are next looked at: a binary min-heap on at. An entry
+// holds its time, so that ordering reads the heap's array only; each bucket knows its index.
+// Written out rather than through container/heap, whose interface boxes every entry pushed and
+// popped: an allocation per bucket and assignment.
 type dueHeap []dueEntry
 
 type dueEntry struct {
@@ -615,22 +616,68 @@ type dueEntry struct {
 	b  *quotaBucket
 }
 
-func (h dueHeap) Len() int           { return len(h) }
-func (h dueHeap) Less(i, j int) bool { return h[i].at < h[j].at }
-func (h dueHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].b.index, h[j].b.index = i, j
-}
-func (h *dueHeap) Push(x any) {
-	e := x.(dueEntry)
+func (h *dueHeap) push(e dueEntry) {
 	e.b.index = len(*h)
 	*h = append(*h, e)
+	h.up(e.b.index)
 }
-func (h *dueHeap) Pop() any {
+
+// remove takes the entry at i out of the heap and returns its bucket.
+func (h *dueHeap) remove(i int) *quotaBucket {
 	old := *h
-	e := old[len(old)-1]
-	old[len(old)-1] = dueEntry{}
-	e.b.index = -1
-	*h = old[:len(old)-1]
-	return e
+	b, n := old[i].b, len(old)-1
+	if i != n {
+		old[i] = old[n]
+		old[i].b.index = i
+	}
+	old[n] = dueEntry{}
+	*h = old[:n]
+	if i != n {
+		h.fix(i)
+	}
+	b.index = -1
+	return b
+}
+
+// fix restores the order after the entry at i changed its time.
+func (h dueHeap) fix(i int) {
+	if !h.down(i) {
+		h.up(i)
+	}
+}
+
+func (h dueHeap) up(i int) {
+	for i > 0 {
+		p := (i - 1) / 2
+		if h[p].at <= h[i].at {
+			return
+		}
+		h.swap(i, p)
+		i = p
+	}
+}
+
+// down sifts the entry at i down; it reports whether it moved.
+func (h dueHeap) down(i int) bool {
+	i0 := i
+	for {
+		c := 2*i + 1
+		if c >= len(h) {
+			break
+		}
+		if r := c + 1; r < len(h) && h[r].at < h[c].at {
+			c = r
+		}
+		if h[i].at <= h[c].at {
+			break
+		}
+		h.swap(i, c)
+		i = c
+	}
+	return i > i0
+}
+
+func (h dueHeap) swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].b.index, h[j].b.index = i, j
 }

@@ -29,6 +29,7 @@ type quotaBucket struct {
 
 	// The key, as last resolved (resolveBucket), in the policy view resolvedIn.
 	resolvedIn *view
+	res        resolved     // b.q resolved in resolvedIn, for Limiter.reserveResolved
 	unit       bucket.Micro // one request
 	emergency  bool         // the rule's failure mode is its emergency bucket
 	shadow     bool         // the rule is a shadow rule: ALLOW_ALL
@@ -218,7 +219,7 @@ func (st *quotaStream) refresh(now clock.Nanos, b *quotaBucket, early bool) {
 		want := min(math.Ceil(b.rate*(b.plan.target+AssignmentMargin+quotaBurstAllowance).Seconds())+1, float64(b.burst))
 		b.ask = ReserveAsk{Want: bucket.Micro(max(want, 2)) * b.unit, Least: 2 * b.unit, Life: b.plan.life}
 		for range 3 { // a key retired meanwhile is looked up again
-			r, v, rerr := st.s.lim.Reserve(now, b.q, b.ask)
+			r, v, rerr := st.s.lim.reserveResolved(now, &b.res, b.q.Tenant, b.ask)
 			if err = rerr; err != nil || v.Outcome != Wait || v.Ticket != retryTicket {
 				if err == nil {
 					b.err = nil
@@ -257,6 +258,7 @@ func (st *quotaStream) resolveBucket(b *quotaBucket) error {
 	if err != nil {
 		return err
 	}
+	b.res = res
 	b.unit = bucket.Micro(res.cost)
 	b.emergency = res.route.Rule.OnFailure == policy.Emergency && res.lim.Emergency != nil
 	b.shadow = res.route.Rule.Shadow

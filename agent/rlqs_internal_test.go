@@ -2,6 +2,7 @@ package agent
 
 import (
 	"maps"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -170,5 +171,47 @@ func TestEchoBucketID(t *testing.T) {
 		if err := proto.Unmarshal(raw, &resp); err != nil || len(resp.BucketAction) != 1 || !proto.Equal(resp.BucketAction[0], want) {
 			t.Fatalf("an action echoing %v reads as %v (%v), want %v", m, &resp, err, want)
 		}
+	}
+}
+
+// TestDueHeap: random schedules, reschedules and removals keep every bucket's index true and pop
+// buckets in the order of their times.
+func TestDueHeap(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var h dueHeap
+	bs := make([]*quotaBucket, 64)
+	for i := range bs {
+		bs[i] = &quotaBucket{index: -1}
+	}
+	for op := range 20000 {
+		b := bs[rng.IntN(len(bs))]
+		at := clock.Nanos(rng.IntN(1000))
+		switch {
+		case rng.IntN(4) == 0 && b.index >= 0:
+			if got := h.remove(b.index); got != b || b.index != -1 {
+				t.Fatalf("op %d: remove returned another bucket or left an index", op)
+			}
+		case b.index >= 0:
+			h[b.index].at = at
+			h.fix(b.index)
+		default:
+			h.push(dueEntry{at: at, b: b})
+		}
+		for i, e := range h {
+			if e.b.index != i {
+				t.Fatalf("op %d: entry %d holds index %d", op, i, e.b.index)
+			}
+			if i > 0 && h[(i-1)/2].at > e.at {
+				t.Fatalf("op %d: entry %d (at %d) under a later parent (%d)", op, i, e.at, h[(i-1)/2].at)
+			}
+		}
+	}
+	last := clock.Nanos(-1)
+	for len(h) > 0 {
+		at := h[0].at
+		if h.remove(0).index != -1 || at < last {
+			t.Fatalf("popped at %d after %d", at, last)
+		}
+		last = at
 	}
 }
