@@ -86,6 +86,13 @@ const (
 	// reported: a tenth of a second of them (a paced bucket replaced early loses at most its burst).
 	quotaBurstAllowance = 100 * time.Millisecond
 
+	// quotaSpread is the headroom an assignment gives for the spread of the requests' count, in
+	// standard deviations: n requests expected over its life arrive as a Poisson count, whose
+	// spread is √n, and a bucket sized to their mean runs dry about every other assignment. Two
+	// deviations keep what the filters deny below 1 % (docs/gateway.md) for √n more reserved
+	// tokens, which settle gives back when unused.
+	quotaSpread = 2.0
+
 	// maxAssignTokens bounds the requests one token bucket assignment may hold: max_tokens and
 	// tokens_per_fill are 32-bit.
 	maxAssignTokens = 1 << 31

@@ -105,6 +105,16 @@ func planAssignments(tau time.Duration) quotaPlan {
 	return quotaPlan{life: AssignmentMargin + target/2, target: target}
 }
 
+// assignmentWant is how many requests an assignment of a bucket offered rate requests a second
+// asks to reserve: what Envoy's clients offer until the next assignment, a tenth of a second more
+// for their bursts, spread standard deviations of that count (quotaSpread), and one; at least two,
+// at most the key's burst.
+func assignmentWant(rate float64, p quotaPlan, burst bucket.Micro, spread float64) int64 {
+	mean := rate * (p.target + AssignmentMargin).Seconds()
+	want := math.Ceil(mean+rate*quotaBurstAllowance.Seconds()+spread*math.Sqrt(mean)) + 1
+	return int64(max(2, min(want, float64(burst))))
+}
+
 // ttl is the time to live of an assignment backed by a reservation that expires at exp, sent at
 // now; 0 if the reservation cannot back one.
 func (p quotaPlan) ttl(now, exp clock.Nanos) time.Duration {
@@ -214,10 +224,7 @@ func (st *quotaStream) refresh(now clock.Nanos, b *quotaBucket, early bool) {
 			st.allowAll(now, b)
 			return
 		}
-		// What Envoy's clients offer until the next assignment, a tenth of a second more for
-		// their bursts, and one; at most the burst.
-		want := min(math.Ceil(b.rate*(b.plan.target+AssignmentMargin+quotaBurstAllowance).Seconds())+1, float64(b.burst))
-		b.ask = ReserveAsk{Want: bucket.Micro(max(want, 2)) * b.unit, Least: 2 * b.unit, Life: b.plan.life}
+		b.ask = ReserveAsk{Want: bucket.Micro(assignmentWant(b.rate, b.plan, b.burst, quotaSpread)) * b.unit, Least: 2 * b.unit, Life: b.plan.life}
 		for range 3 { // a key retired meanwhile is looked up again
 			r, v, rerr := st.s.lim.reserveResolved(now, &b.res, b.q.Tenant, b.ask)
 			if err = rerr; err != nil || v.Outcome != Wait || v.Ticket != retryTicket {
