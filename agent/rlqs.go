@@ -2,12 +2,10 @@ package agent
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"math"
-	"slices"
 	"sync"
 	"time"
 
@@ -17,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
@@ -248,11 +247,13 @@ type quotaStream struct {
 	actions []*rlqsv3.RateLimitQuotaResponse_BucketAction // to send when the event is handled
 	warned  bool                                          // an unmappable bucket was logged
 
-	// From validate to onReports, one per usage: its bucket if the stream holds it, else its
-	// bucketSig. sigBuf is where validate builds a signature to look it up.
-	found  []*quotaBucket
-	sigs   []string
-	sigBuf []byte
+	// From validate to onReports: the message (decoded in place: its slices point into it), and
+	// one per usage: its bucket if the stream holds it, else its bucketSig. sigBuf is where
+	// validate builds a signature to look it up.
+	reports quotaReports
+	found   []*quotaBucket
+	sigs    []string
+	sigBuf  []byte
 	// What onReports gathers of a message's usages: the buckets whose rates count in their keys'
 	// demand, and the requests reported.
 	observed          []*quotaBucket
@@ -266,11 +267,12 @@ type quotaStream struct {
 
 func (st *quotaStream) run() error {
 	defer st.close()
-	msgs := make(chan *rlqsv3.RateLimitQuotaUsageReports)
+	msgs := make(chan *emptypb.Empty)
 	recvErr := make(chan error, 1)
 	go func() {
 		for {
-			m, err := st.stream.Recv()
+			m := new(emptypb.Empty) // the report, all of it as unknown fields (decodeQuotaReports)
+			err := st.stream.RecvMsg(m)
 			if err != nil {
 				recvErr <- err
 				return
@@ -348,16 +350,17 @@ func (st *quotaStream) flush() error {
 	return st.stream.Send(resp)
 }
 
-// onReports handles one message: it is validated as a whole (nothing of a malformed message is
-// applied), then each usage is a report of its bucket.
-func (st *quotaStream) onReports(m *rlqsv3.RateLimitQuotaUsageReports) error {
+// onReports handles one message: it is decoded and validated as a whole (nothing of a malformed
+// message is applied), then each usage is a report of its bucket.
+func (st *quotaStream) onReports(m *emptypb.Empty) error {
 	set := st.s.lim.Policy()
-	if err := st.validate(set, m); err != nil {
+	if err := st.validate(set, m.ProtoReflect().GetUnknown()); err != nil {
 		st.s.metrics.quota().refused()
 		return err
 	}
 	now := st.s.now()
-	for i, u := range m.BucketQuotaUsages {
+	r := &st.reports
+	for i, u := range r.usages {
 		b := st.found[i]
 		if b == nil || b.gone { // new, or abandoned by an earlier usage of this message
 			sig := st.sigs[i]
@@ -365,14 +368,17 @@ func (st *quotaStream) onReports(m *rlqsv3.RateLimitQuotaUsageReports) error {
 				sig = b.sig
 			}
 			if b = st.buckets[sig]; b == nil {
-				b = &quotaBucket{sig: sig, id: u.BucketId, echo: echoBucketID(u.BucketId), activeAt: now, index: -1}
+				id := &rlqsv3.BucketId{Bucket: idMap(r.entries[u.from:u.to])}
+				b = &quotaBucket{sig: sig, id: id, echo: echoBucketID(id), activeAt: now, index: -1}
 				st.buckets[sig] = b
 				st.s.metrics.quota().bucket(1)
 			}
 		}
-		st.report(now, b, u)
+		st.report(now, b, u.allowed, u.denied)
 	}
 	clear(st.found)
+	clear(r.entries)
+	r.domain = nil
 	st.feeds = st.qs.observeAll(now, st.observed, st.feeds)
 	clear(st.observed)
 	st.observed = st.observed[:0]
@@ -381,41 +387,47 @@ func (st *quotaStream) onReports(m *rlqsv3.RateLimitQuotaUsageReports) error {
 	return nil
 }
 
-// validate checks a message against the stream's bounds and domain.
-func (st *quotaStream) validate(set *policy.Set, m *rlqsv3.RateLimitQuotaUsageReports) error {
+// validate decodes a message into st.reports and checks it against the stream's bounds and
+// domain.
+func (st *quotaStream) validate(set *policy.Set, raw []byte) error {
+	m := &st.reports
+	err := decodeQuotaReports(raw, m)
+	switch {
+	case errors.Is(err, errTooManyEntries):
+		return status.Errorf(codes.InvalidArgument, "agent: usage %d: bucket_id of more than %d entries", len(m.usages), MaxEnvoyEntries)
+	case err != nil:
+		return status.Errorf(codes.InvalidArgument, "agent: malformed usage report: %v", err)
+	}
 	domain := set.Envoy().Domain
 	switch {
-	case len(m.Domain) > MaxEnvoyValue:
-		return status.Errorf(codes.InvalidArgument, "agent: domain of %d bytes, at most %d", len(m.Domain), MaxEnvoyValue)
-	case st.domain == "" && m.Domain == "":
+	case len(m.domain) > MaxEnvoyValue:
+		return status.Errorf(codes.InvalidArgument, "agent: domain of %d bytes, at most %d", len(m.domain), MaxEnvoyValue)
+	case st.domain == "" && len(m.domain) == 0:
 		return status.Error(codes.InvalidArgument, "agent: the first report of a stream names no domain")
-	case st.domain == "" && m.Domain != domain:
-		return status.Errorf(codes.InvalidArgument, "agent: domain %q is not served here; the policy's envoy.domain is %q", m.Domain, domain)
-	case st.domain != "" && m.Domain != "" && m.Domain != st.domain:
-		return status.Errorf(codes.InvalidArgument, "agent: domain %q after %q: a stream serves one domain", m.Domain, st.domain)
-	case len(m.BucketQuotaUsages) > MaxQuotaUsages:
-		return status.Errorf(codes.InvalidArgument, "agent: %d bucket usages in one message, at most %d", len(m.BucketQuotaUsages), MaxQuotaUsages)
+	case st.domain == "" && string(m.domain) != domain:
+		return status.Errorf(codes.InvalidArgument, "agent: domain %q is not served here; the policy's envoy.domain is %q", m.domain, domain)
+	case st.domain != "" && len(m.domain) > 0 && string(m.domain) != st.domain:
+		return status.Errorf(codes.InvalidArgument, "agent: domain %q after %q: a stream serves one domain", m.domain, st.domain)
+	case len(m.usages) > MaxQuotaUsages:
+		return status.Errorf(codes.InvalidArgument, "agent: %d bucket usages in one message, at most %d", len(m.usages), MaxQuotaUsages)
 	}
 	if st.domain == "" {
-		st.domain = m.Domain
+		st.domain = string(m.domain)
 	}
 	var added map[string]bool // the new buckets' signatures
 	st.found, st.sigs = st.found[:0], st.sigs[:0]
-	for i, u := range m.BucketQuotaUsages {
-		id := u.GetBucketId().GetBucket()
-		switch {
-		case len(id) == 0:
+	for i, u := range m.usages {
+		id := m.entries[u.from:u.to]
+		if len(id) == 0 {
 			return status.Errorf(codes.InvalidArgument, "agent: usage %d has no bucket_id", i)
-		case len(id) > MaxEnvoyEntries:
-			return status.Errorf(codes.InvalidArgument, "agent: usage %d: bucket_id of %d entries, at most %d", i, len(id), MaxEnvoyEntries)
 		}
-		for k, v := range id {
-			if len(k) > MaxEnvoyValue || len(v) > MaxEnvoyValue {
+		for _, e := range id {
+			if len(e.k) > MaxEnvoyValue || len(e.v) > MaxEnvoyValue {
 				return status.Errorf(codes.InvalidArgument, "agent: usage %d: bucket_id entry of a %d-byte key and a %d-byte value, at most %d each",
-					i, len(k), len(v), MaxEnvoyValue)
+					i, len(e.k), len(e.v), MaxEnvoyValue)
 			}
 		}
-		st.sigBuf = appendBucketSig(st.sigBuf[:0], id)
+		st.sigBuf = appendEntriesSig(st.sigBuf[:0], id)
 		b, sig := st.buckets[string(st.sigBuf)], "" // a known bucket's signature is not copied
 		if b == nil {
 			sig = string(st.sigBuf)
@@ -431,29 +443,6 @@ func (st *quotaStream) validate(set *policy.Set, m *rlqsv3.RateLimitQuotaUsageRe
 			n, MaxQuotaBuckets)
 	}
 	return nil
-}
-
-// bucketSig is a bucket id's identity: its entries sorted by key (the order of a bucket id's
-// entries does not matter), each key and value preceded by its length, so no two ids share one.
-func bucketSig(id map[string]string) string { return string(appendBucketSig(nil, id)) }
-
-// appendBucketSig appends id's bucketSig to b. Every usage of every report computes it, into a
-// buffer the stream reuses: it allocates nothing once the buffer has grown to the ids' size.
-func appendBucketSig(b []byte, id map[string]string) []byte {
-	var small [MaxEnvoyEntries]string
-	keys := small[:0]
-	for k := range id {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		v := id[k]
-		b = binary.AppendUvarint(b, uint64(len(k)))
-		b = append(b, k...)
-		b = binary.AppendUvarint(b, uint64(len(v)))
-		b = append(b, v...)
-	}
-	return b
 }
 
 // echoBucketID is id as every action of its bucket echoes it: its entries encoded once, carried as

@@ -155,12 +155,12 @@ func tokenBucketFor(k int64, ttl time.Duration, rate float64) (bMax, f int64, _ 
 }
 
 // report handles one usage report of b.
-func (st *quotaStream) report(now clock.Nanos, b *quotaBucket, u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage) {
+func (st *quotaStream) report(now clock.Nanos, b *quotaBucket, allowed, denied uint64) {
 	const (
 		maxCount = 1 << 40 // a count beyond this is not a count: clamp it (no overflow in the sums)
 		maxRate  = 1e12    // requests per second: reports a microsecond apart cannot make more of one
 	)
-	allowed, denied := min(u.NumRequestsAllowed, maxCount), min(u.NumRequestsDenied, maxCount)
+	allowed, denied = min(allowed, maxCount), min(denied, maxCount)
 	b.allowed = min(b.allowed+allowed, math.MaxUint64/2)
 	n := float64(allowed + denied)
 	st.allowedN += allowed

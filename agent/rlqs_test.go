@@ -396,7 +396,7 @@ func TestQuotaBadInput(t *testing.T) {
 			codes.InvalidArgument, "bucket usages in one message"},
 		{"an oversized bucket id", []*rlqsv3.RateLimitQuotaUsageReports{{Domain: "leasebucket",
 			BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{valid, usage(wide, 1, 0)}}},
-			codes.InvalidArgument, "bucket_id of 12 entries"},
+			codes.InvalidArgument, "bucket_id of more than 8 entries"},
 		{"an oversized value", []*rlqsv3.RateLimitQuotaUsageReports{{Domain: "leasebucket",
 			BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{valid, usage(bucketID(strings.Repeat("x", 3000), "/q/{id}", "GET"), 1, 0)}}},
 			codes.InvalidArgument, "3000-byte value"},

@@ -211,7 +211,7 @@ func TestQuotaBadInputToTheProcess(t *testing.T) {
 	}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.Recv(); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "bucket_id of 9 entries") {
+	if _, err := st.Recv(); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "bucket_id of more than 8 entries") {
 		t.Fatalf("oversized bucket id: %v, want INVALID_ARGUMENT naming it", err)
 	}
 	st = open()
