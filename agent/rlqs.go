@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/emptypb"
 
@@ -244,8 +245,8 @@ type quotaStream struct {
 	domain  string // from the first report
 	buckets map[string]*quotaBucket
 	due     dueHeap
-	actions []*rlqsv3.RateLimitQuotaResponse_BucketAction // to send when the event is handled
-	warned  bool                                          // an unmappable bucket was logged
+	out     []byte // the bucket actions to send when the event is handled, encoded (appendAction)
+	warned  bool   // an unmappable bucket was logged
 
 	// From validate to onReports: the message (decoded in place: its slices point into it), and
 	// one per usage: its bucket if the stream holds it, else its bucketSig. sigBuf is where
@@ -340,14 +341,18 @@ func (st *quotaStream) close() {
 	}
 }
 
-// flush sends the actions the last event produced, as one response.
+// flush sends the actions the last event produced, as one response: their encoding, carried as
+// the message's unknown fields (which a marshal copies as they are; the buffer is reused once
+// Send has encoded it).
 func (st *quotaStream) flush() error {
-	if len(st.actions) == 0 {
+	if len(st.out) == 0 {
 		return nil
 	}
-	resp := &rlqsv3.RateLimitQuotaResponse{BucketAction: st.actions}
-	st.actions = nil
-	return st.stream.Send(resp)
+	resp := &rlqsv3.RateLimitQuotaResponse{}
+	resp.ProtoReflect().SetUnknown(st.out)
+	err := st.stream.Send(resp)
+	st.out = st.out[:0]
+	return err
 }
 
 // onReports handles one message: it is decoded and validated as a whole (nothing of a malformed
@@ -369,7 +374,7 @@ func (st *quotaStream) onReports(m *emptypb.Empty) error {
 			}
 			if b = st.buckets[sig]; b == nil {
 				id := &rlqsv3.BucketId{Bucket: idMap(r.entries[u.from:u.to])}
-				b = &quotaBucket{sig: sig, id: id, echo: echoBucketID(id), activeAt: now, index: -1}
+				b = &quotaBucket{sig: sig, id: id, echo: echoField(id), activeAt: now, index: -1}
 				st.buckets[sig] = b
 				st.s.metrics.quota().bucket(1)
 			}
@@ -445,18 +450,15 @@ func (st *quotaStream) validate(set *policy.Set, raw []byte) error {
 	return nil
 }
 
-// echoBucketID is id as every action of its bucket echoes it: its entries encoded once, carried as
-// the message's unknown fields, which a marshal copies as they are. On the wire it is id (map
-// entries in no particular order, as ever); a map is the costliest field to size and encode, and
-// each bucket's id goes back to Envoy about once a second.
-func echoBucketID(id *rlqsv3.BucketId) *rlqsv3.BucketId {
+// echoField is the bucket_id field of every action of bucket id: encoded once (its map's entries
+// in a fixed order), copied into each action (appendAction). A map is the costliest field to size
+// and encode, and each bucket's id goes back to Envoy about once a second.
+func echoField(id *rlqsv3.BucketId) []byte {
 	raw, err := proto.MarshalOptions{Deterministic: true}.Marshal(id)
 	if err != nil {
-		return id // not reached: a valid message encodes; echoed as it is then
+		raw = nil // not reached: a valid message encodes
 	}
-	echo := &rlqsv3.BucketId{}
-	echo.ProtoReflect().SetUnknown(raw)
-	return echo
+	return protowire.AppendBytes(protowire.AppendTag(nil, actionBucketIDField, protowire.BytesType), raw)
 }
 
 // quotaQuery maps a bucket id to a check, as the policy's envoy section maps a descriptor: its
@@ -487,10 +489,13 @@ func quotaQuery(m policy.Envoy, id map[string]string) (Query, error) {
 	return q, nil
 }
 
-// action queues a bucket action for the next response.
+// action queues bucket action a (its bucket_id unset) of b for the next response.
 func (st *quotaStream) action(b *quotaBucket, a *rlqsv3.RateLimitQuotaResponse_BucketAction) {
-	a.BucketId = b.echo
-	st.actions = append(st.actions, a)
+	body, err := proto.Marshal(a)
+	if err != nil {
+		return // not reached: the agent's actions encode
+	}
+	st.out = appendAction(st.out, b.echo, body)
 }
 
 // schedule sets when b is next looked at (at most one time per bucket): at, or the end of its

@@ -8,8 +8,8 @@ import (
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"go.uber.org/zap"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
@@ -22,7 +22,7 @@ import (
 type quotaBucket struct {
 	sig  string
 	id   *rlqsv3.BucketId // as Envoy sent it
-	echo *rlqsv3.BucketId // id, encoded once, in every action (echoBucketID)
+	echo []byte           // id as every action's bucket_id field, encoded once (echoField)
 	gone bool             // abandoned: the stream holds it no more
 	q    Query
 	err  error // the bucket cannot be mapped to a key (answered DENY_ALL)
@@ -310,7 +310,7 @@ func (st *quotaStream) assign(b *quotaBucket, r Reservation) {
 	b.cur, b.state = a, quotaTokens
 	st.s.metrics.quota().reserved(int64(handed))
 	st.s.metrics.quota().assigned("token_bucket")
-	st.action(b, tokenBucketAction(ttl, bMax, f))
+	st.out = appendTokenBucketAction(st.out, b.echo, ttl, bMax, f)
 	lead := min(quotaRefreshLead, ttl/2)
 	st.scheduleBy(b, now, now+clock.Of(ttl-lead))
 }
@@ -479,34 +479,61 @@ func refilled(f int64, from, to clock.Nanos) uint64 {
 	return uint64(f) * uint64(ms) / 1000
 }
 
-// tokenBucketAssignment is a token bucket assignment action, its nine messages in one allocation:
-// every bucket of every stream gets one about every second.
-type tokenBucketAssignment struct {
-	action   rlqsv3.RateLimitQuotaResponse_BucketAction
-	oneof    rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_
-	assign   rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction
-	ttl      durationpb.Duration
-	strategy typev3.RateLimitStrategy
-	tbOneof  typev3.RateLimitStrategy_TokenBucket
-	tb       typev3.TokenBucket
-	perFill  wrapperspb.UInt32Value
-	interval durationpb.Duration
+// Field numbers of envoy.service.rate_limit_quota.v3.RateLimitQuotaResponse and the messages it
+// holds, for the actions encoded by hand (checked against the generated descriptors by
+// TestTokenBucketAction).
+const (
+	responseActionField     = 1 // RateLimitQuotaResponse.bucket_action
+	actionBucketIDField     = 1 // BucketAction.bucket_id
+	actionAssignmentField   = 2 // BucketAction.quota_assignment_action
+	assignmentTTLField      = 2 // QuotaAssignmentAction.assignment_time_to_live
+	assignmentStrategyField = 3 // QuotaAssignmentAction.rate_limit_strategy
+	strategyTokenBucket     = 3 // RateLimitStrategy.token_bucket
+	tokenBucketMaxField     = 1 // TokenBucket.max_tokens
+	tokenBucketPerFillField = 2 // TokenBucket.tokens_per_fill (google.protobuf.UInt32Value)
+	tokenBucketFillField    = 3 // TokenBucket.fill_interval (google.protobuf.Duration)
+)
+
+// appendAction appends a bucket action to the encoded response out: echo (its bucket_id field,
+// echoField) and body (the rest of the action, encoded).
+func appendAction(out, echo, body []byte) []byte {
+	out = protowire.AppendTag(out, responseActionField, protowire.BytesType)
+	out = protowire.AppendVarint(out, uint64(len(echo)+len(body)))
+	return append(append(out, echo...), body...)
 }
 
-// tokenBucketAction is the assignment of a token bucket of bMax tokens that gains f every second,
-// for ttl.
-func tokenBucketAction(ttl time.Duration, bMax, f int64) *rlqsv3.RateLimitQuotaResponse_BucketAction {
-	x := new(tokenBucketAssignment)
-	x.ttl.Seconds, x.ttl.Nanos = int64(ttl/time.Second), int32(ttl%time.Second)
-	x.interval.Seconds = 1
-	x.perFill.Value = uint32(f)
-	x.tb.MaxTokens, x.tb.TokensPerFill, x.tb.FillInterval = uint32(bMax), &x.perFill, &x.interval
-	x.tbOneof.TokenBucket = &x.tb
-	x.strategy.Strategy = &x.tbOneof
-	x.assign.AssignmentTimeToLive, x.assign.RateLimitStrategy = &x.ttl, &x.strategy
-	x.oneof.QuotaAssignmentAction = &x.assign
-	x.action.BucketAction = &x.oneof
-	return &x.action
+// appendTokenBucketAction appends the action assigning a token bucket of bMax tokens that gains f
+// every second, for ttl, to the bucket of echo: every bucket of every stream gets one about every
+// second, encoded here without building its nine messages.
+func appendTokenBucketAction(out, echo []byte, ttl time.Duration, bMax, f int64) []byte {
+	var perFillBuf, fillBuf, ttlBuf [24]byte
+	var tbBuf, strategyBuf, assignBuf, bodyBuf [96]byte
+	tb := appendUintField(tbBuf[:0], tokenBucketMaxField, uint64(uint32(bMax)))
+	tb = appendMessageField(tb, tokenBucketPerFillField, appendUintField(perFillBuf[:0], 1, uint64(uint32(f))))
+	tb = appendMessageField(tb, tokenBucketFillField, appendDuration(fillBuf[:0], time.Second))
+	strategy := appendMessageField(strategyBuf[:0], strategyTokenBucket, tb)
+	assign := appendMessageField(assignBuf[:0], assignmentTTLField, appendDuration(ttlBuf[:0], ttl))
+	assign = appendMessageField(assign, assignmentStrategyField, strategy)
+	return appendAction(out, echo, appendMessageField(bodyBuf[:0], actionAssignmentField, assign))
+}
+
+// appendMessageField appends field num holding the encoded message m.
+func appendMessageField(b []byte, num protowire.Number, m []byte) []byte {
+	return protowire.AppendBytes(protowire.AppendTag(b, num, protowire.BytesType), m)
+}
+
+// appendUintField appends varint field num of value x (nothing for 0, as proto3 omits it).
+func appendUintField(b []byte, num protowire.Number, x uint64) []byte {
+	if x == 0 {
+		return b
+	}
+	return protowire.AppendVarint(protowire.AppendTag(b, num, protowire.VarintType), x)
+}
+
+// appendDuration appends the fields of a google.protobuf.Duration of d (seconds, nanos).
+func appendDuration(b []byte, d time.Duration) []byte {
+	b = appendUintField(b, 1, uint64(int64(d/time.Second)))
+	return appendUintField(b, 2, uint64(int64(d%time.Second)))
 }
 
 // assignment is a quota assignment action of strategy for ttl.

@@ -9,7 +9,9 @@ import (
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -103,25 +105,55 @@ func FuzzBucketSig(f *testing.F) {
 	})
 }
 
-// TestTokenBucketAction: the one-allocation token bucket assignment is the message built the
-// plain way, field for field.
+// TestTokenBucketAction: the token bucket assignment encoded by hand reads as the message built
+// the plain way, field for field, and appends without allocating; the field numbers it writes are
+// the descriptors'.
 func TestTokenBucketAction(t *testing.T) {
+	id := &rlqsv3.BucketId{Bucket: map[string]string{"tenant": "acme", "path": "/q/{id}"}}
+	echo := echoField(id)
 	for _, tc := range []struct {
 		ttl     time.Duration
 		bMax, f int64
-	}{{time.Second, 3, 9}, {2 * time.Second, 1, 1}, {899 * time.Millisecond, 1<<31 - 1, 1}, {20 * time.Millisecond, 7, 0}} {
+	}{{time.Second, 3, 9}, {2 * time.Second, 1, 1}, {899 * time.Millisecond, 1<<31 - 1, 1}, {20 * time.Millisecond, 7, 0}, {0, 0, 1}} {
 		want := assignment(tc.ttl, &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
 			MaxTokens:     uint32(tc.bMax),
 			TokensPerFill: wrapperspb.UInt32(uint32(tc.f)),
 			FillInterval:  durationpb.New(time.Second),
 		}}})
-		if got := tokenBucketAction(tc.ttl, tc.bMax, tc.f); !proto.Equal(got, want) {
-			t.Errorf("tokenBucketAction(%v, %d, %d) = %v, want %v", tc.ttl, tc.bMax, tc.f, got, want)
+		want.BucketId = id
+		var got rlqsv3.RateLimitQuotaResponse
+		if err := proto.Unmarshal(appendTokenBucketAction(nil, echo, tc.ttl, tc.bMax, tc.f), &got); err != nil ||
+			len(got.BucketAction) != 1 || !proto.Equal(got.BucketAction[0], want) {
+			t.Errorf("appendTokenBucketAction(%v, %d, %d) reads as %v (%v), want %v", tc.ttl, tc.bMax, tc.f, &got, err, want)
 		}
 	}
-	if n := testing.AllocsPerRun(100, func() { _ = tokenBucketAction(time.Second, 3, 9) }); n != 1 {
-		t.Errorf("tokenBucketAction: %v allocations, want 1", n)
+	buf := make([]byte, 0, 4096)
+	if n := testing.AllocsPerRun(100, func() { buf = appendTokenBucketAction(buf[:0], echo, time.Second, 3, 9) }); n != 0 {
+		t.Errorf("appendTokenBucketAction: %v allocations, want none", n)
 	}
+	fields := func(m proto.Message) protoreflect.FieldDescriptors { return m.ProtoReflect().Descriptor().Fields() }
+	for _, tc := range []struct {
+		f   protoreflect.FieldDescriptor
+		num protowire.Number
+	}{
+		{fields(&rlqsv3.RateLimitQuotaResponse{}).ByName("bucket_action"), responseActionField},
+		{fields(want0()).ByName("bucket_id"), actionBucketIDField},
+		{fields(want0()).ByName("quota_assignment_action"), actionAssignmentField},
+		{fields(&rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{}).ByName("assignment_time_to_live"), assignmentTTLField},
+		{fields(&rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{}).ByName("rate_limit_strategy"), assignmentStrategyField},
+		{fields(&typev3.RateLimitStrategy{}).ByName("token_bucket"), strategyTokenBucket},
+		{fields(&typev3.TokenBucket{}).ByName("max_tokens"), tokenBucketMaxField},
+		{fields(&typev3.TokenBucket{}).ByName("tokens_per_fill"), tokenBucketPerFillField},
+		{fields(&typev3.TokenBucket{}).ByName("fill_interval"), tokenBucketFillField},
+	} {
+		if tc.f == nil || tc.f.Number() != tc.num {
+			t.Errorf("hand-encoded field %d: the descriptor says %v", tc.num, tc.f)
+		}
+	}
+}
+
+func want0() *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	return &rlqsv3.RateLimitQuotaResponse_BucketAction{}
 }
 
 // TestBucketSigLookup: a known bucket's signature is built in the stream's buffer and looked up
@@ -153,33 +185,33 @@ func entriesOf(m map[string]string) []idEntry {
 	return es
 }
 
-// TestEchoBucketID: the bucket id an action echoes reads on the wire as the id Envoy sent, alone
-// and inside an action.
+// TestEchoBucketID: the bucket id an action echoes reads on the wire as the id Envoy sent, in
+// every kind of action.
 func TestEchoBucketID(t *testing.T) {
 	for _, m := range []map[string]string{
 		{"tenant": "acme", "path": "/q/{id}", "method": "GET"},
 		{"": ""},
 		{"k": strings.Repeat("v", 300), "é": "\x00"},
 	} {
-		id := &rlqsv3.BucketId{Bucket: m}
-		raw, err := proto.Marshal(echoBucketID(id))
+		echo := echoField(&rlqsv3.BucketId{Bucket: m})
+		abandon := &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{
+			AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}}}
+		body, err := proto.Marshal(abandon)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var got rlqsv3.BucketId
-		if err := proto.Unmarshal(raw, &got); err != nil || !maps.Equal(got.Bucket, m) {
-			t.Fatalf("echoBucketID(%v) reads as %v (%v)", m, got.Bucket, err)
-		}
-		a := tokenBucketAction(time.Second, 3, 9)
-		a.BucketId = echoBucketID(id)
-		want := tokenBucketAction(time.Second, 3, 9)
-		want.BucketId = id
-		if raw, err = proto.Marshal(&rlqsv3.RateLimitQuotaResponse{BucketAction: []*rlqsv3.RateLimitQuotaResponse_BucketAction{a}}); err != nil {
-			t.Fatal(err)
-		}
+		raw := appendAction(appendTokenBucketAction(nil, echo, time.Second, 3, 9), echo, body)
 		var resp rlqsv3.RateLimitQuotaResponse
-		if err := proto.Unmarshal(raw, &resp); err != nil || len(resp.BucketAction) != 1 || !proto.Equal(resp.BucketAction[0], want) {
-			t.Fatalf("an action echoing %v reads as %v (%v), want %v", m, &resp, err, want)
+		if err := proto.Unmarshal(raw, &resp); err != nil || len(resp.BucketAction) != 2 {
+			t.Fatalf("two actions echoing %v read as %v (%v)", m, &resp, err)
+		}
+		for _, a := range resp.BucketAction {
+			if !maps.Equal(a.GetBucketId().GetBucket(), m) {
+				t.Fatalf("an action echoing %v reads as %v", m, a)
+			}
+		}
+		if resp.BucketAction[1].GetAbandonAction() == nil {
+			t.Fatalf("the abandon action reads as %v", resp.BucketAction[1])
 		}
 	}
 }
