@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"errors"
 	"maps"
 	"testing"
 
@@ -77,7 +78,7 @@ func FuzzDecodeQuotaReports(f *testing.F) {
 		werr := proto.Unmarshal(b, &want)
 		var got quotaReports
 		gerr := decodeQuotaReports(b, &got)
-		if gerr == errTooManyEntries || werr == nil && tooManyEntries(&want) {
+		if errors.Is(gerr, errTooManyEntries) || werr == nil && tooManyEntries(&want) {
 			return // the decoder stops at the bound; proto.Unmarshal reads on
 		}
 		if (werr == nil) != (gerr == nil) {
