@@ -87,7 +87,9 @@ func TestAcquireDirectCharges(t *testing.T) {
 	if r.Status != coordinatorv1.Status_STATUS_OK || r.GrantedMicro != int64(3*tok) || r.RemainingMicro != int64(2*tok) {
 		t.Fatalf("direct take: %v, want 3 tokens with 2 left in the budget", r)
 	}
-	if a, b, c := level(own), level(second), level(budget); a > 17*tok+tok/10 || b != 5*tok || c < 2*tok || c > 2*tok+tok/10 {
+	// Each bucket refills while the test runs: a level is at least what the take left, and at most
+	// a tenth of a token more.
+	if a, b, c := level(own), level(second), level(budget); a > 17*tok+tok/10 || b < 5*tok || b > 5*tok+tok/10 || c < 2*tok || c > 2*tok+tok/10 {
 		t.Errorf("levels %d %d %d, want about 17, 5 and 2 tokens", a, b, c)
 	}
 	// The budget holds 2: a check of 3 is refused by it, and nothing is charged anywhere.
@@ -95,7 +97,7 @@ func TestAcquireDirectCharges(t *testing.T) {
 	if r.Status != coordinatorv1.Status_STATUS_DENIED || r.RefusedBucket != 2 || r.RetryAfterMs < 35_000 {
 		t.Fatalf("direct take over the budget: %v, want denied by bucket 2 for about 36 s", r)
 	}
-	if b, c := level(second), level(budget); b != 5*tok || c < 2*tok || c > 2*tok+tok/10 {
+	if b, c := level(second), level(budget); b < 5*tok || b > 5*tok+tok/10 || c < 2*tok || c > 2*tok+tok/10 {
 		t.Errorf("after a refusal: levels %d %d, want 5 and 2 tokens (and what the budget refilled since)", b, c)
 	}
 	// A cost above the smallest burst can never be granted.
