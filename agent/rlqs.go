@@ -308,16 +308,7 @@ func (st *quotaStream) run() error {
 		case <-st.ctx.Done():
 			return status.FromContextError(st.ctx.Err()).Err()
 		}
-		// A refill completes many reservations at once: those whose waits have ended are
-		// answered in the same response.
-		for more := true; more; {
-			select {
-			case b := <-st.ready:
-				st.onReady(b)
-			default:
-				more = false
-			}
-		}
+		st.drainReady()
 		if err := st.flush(); err != nil {
 			return err
 		}
@@ -326,6 +317,19 @@ func (st *quotaStream) run() error {
 			wait = max(0, (st.due[0].at - st.s.clk.Now()).Duration())
 		}
 		timer.Reset(wait)
+	}
+}
+
+// drainReady completes the reservations whose waits have ended: a refill completes many at once,
+// and they are answered in the same response.
+func (st *quotaStream) drainReady() {
+	for {
+		select {
+		case b := <-st.ready:
+			st.onReady(b)
+		default:
+			return
+		}
 	}
 }
 

@@ -108,14 +108,7 @@ default:
 		for range time.Second / quotaSlot {
 			now := clk.Now()
 			answerRefills(b, lim, now)
-			for more := true; more; {
-				select {
-				case bk := <-st.ready:
-					st.onReady(bk)
-				default:
-					more = false
-				}
-			}
+			st.drainReady()
 			st.onDue()
 			if err := st.flush(); err != nil {
 				b.Fatal(err)
