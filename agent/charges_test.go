@@ -22,6 +22,14 @@ rules:
     limits:
       - {limit: 6000/minute, burst: 1000}
       - {limit: 10/hour, burst: 10}
+  - name: d
+    routes: ["/d"]
+    operations: [read]
+    cost: 2
+    lease: off
+    limits:
+      - {limit: 6000/minute, burst: 1000}
+      - {limit: 10/hour, burst: 10}
   - name: other
     routes: ["/other"]
     operations: [read]

@@ -6,6 +6,7 @@ import (
 
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/memstore"
+	"github.com/leasebucket/leasebucket/coordinator/storetest"
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/policy"
 	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
@@ -59,12 +60,11 @@ func TestAcquireDirectCharges(t *testing.T) {
 	}
 	level := func(r *coordinatorv1.BucketRef) bucket.Micro {
 		t.Helper()
-		k, l := key(t, set, r), limit(t, set, r)
-		res, err := store.Take(ctxFor(t, time.Second), []coordinator.TakeRequest{{Key: k, Limit: l, Want: l.Capacity() + 1, Min: l.Capacity() + 1}})
-		if err != nil || res[0].Err != nil {
-			t.Fatal(err, res[0].Err)
+		lvl, err := storetest.Probe(ctxFor(t, time.Second), store, key(t, set, r), limit(t, set, r))
+		if err != nil {
+			t.Fatal(err)
 		}
-		return res[0].Remaining
+		return lvl
 	}
 	// Names other than the route's charges, in order, are invalid, and nothing is charged.
 	for i, it := range []*coordinatorv1.AcquireItem{

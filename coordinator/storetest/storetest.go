@@ -188,11 +188,29 @@ func (f *fixture) ret(r coordinator.ReturnRequest, w want) coordinator.ReturnRes
 	return got
 }
 
-// tokens returns the bucket's tokens after a refill to now, with a Take that asks for more than
-// the capacity and so never grants.
+// ProbeRequest is a Take of key that asks for more than l's capacity: it never grants, and its
+// result's Remaining is the bucket's tokens after a refill to the store's now.
+func ProbeRequest(key string, l bucket.Limit) coordinator.TakeRequest {
+	return coordinator.TakeRequest{Key: key, Limit: l, Want: l.Capacity() + 1, Min: l.Capacity() + 1}
+}
+
+// Probe returns the tokens of key's bucket in store after a refill to the store's now, by a
+// ProbeRequest.
+func Probe(ctx context.Context, store coordinator.Store, key string, l bucket.Limit) (bucket.Micro, error) {
+	res, err := store.Take(ctx, []coordinator.TakeRequest{ProbeRequest(key, l)})
+	switch {
+	case err != nil:
+		return 0, err
+	case res[0].Err != nil:
+		return 0, res[0].Err
+	}
+	return res[0].Remaining, nil
+}
+
+// tokens returns the bucket's tokens after a refill to now, with a ProbeRequest.
 func (f *fixture) tokens(key string, l bucket.Limit) bucket.Micro {
 	f.t.Helper()
-	r := coordinator.TakeRequest{Key: key, Limit: l, Want: l.Capacity() + 1, Min: l.Capacity() + 1}
+	r := ProbeRequest(key, l)
 	got := f.takes(r)[0]
 	if got.Err != nil || got.Granted != 0 || got.RetryAfter != bucket.Never {
 		f.t.Fatalf("at %d: probe %s = %s, want a denial", f.now, TakeString(r), TakeResultString(got))
