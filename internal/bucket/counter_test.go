@@ -110,70 +110,97 @@ func TestWindowValidate(t *testing.T) {
 func FuzzCounter(f *testing.F) {
 	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
 	f.Add([]byte("a counter of a calendar quota, taken and returned"))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		next := func(n uint64) uint64 {
-			var b [8]byte
-			k := copy(b[:2], data)
-			data = data[k:]
-			return binary.LittleEndian.Uint64(b[:]) % n
+	f.Fuzz(func(t *testing.T, data []byte) { fuzzCounter(t, data, false) })
+}
+
+// fuzzCounter is FuzzCounter, and with debts FuzzCounterDebt: settled costs (Charge) too, down to
+// a max debt drawn from data, the bounds then -maxDebt <= Tokens and quota + maxDebt debited net
+// per period.
+func fuzzCounter(t *testing.T, data []byte, debts bool) {
+	next := func(n uint64) uint64 {
+		var b [8]byte
+		k := copy(b[:2], data)
+		data = data[k:]
+		return binary.LittleEndian.Uint64(b[:]) % n
+	}
+	quota := Micro(1 + next(1000))
+	var maxDebt Micro
+	if debts {
+		maxDebt = Micro(next(uint64(quota) + 1))
+	}
+	period := Millis(1 + next(500))
+	now := Millis(next(10_000))
+	c := FreshCounter(quota, now)
+	net := map[Millis]Micro{} // per period: debited - credited
+	type grantT struct {
+		at     Millis
+		amount Micro
+	}
+	var grants []grantT
+	ops := uint64(3) // take, take, return
+	if debts {
+		ops = 4 // take, take, charge, return
+	}
+	for len(data) > 0 {
+		now += Millis(next(uint64(period))) - period/4 // sometimes back
+		now = max(now, 0)
+		// The window of a clock up to a period away from the key's.
+		around := max(0, c.Last+Millis(next(uint64(2*period)))-period)
+		start := around - around%period
+		w := Window{Start: start, End: start + period, Next: start + 2*period}
+		before := c
+		switch op := next(ops); {
+		case op < 2:
+			want := Micro(1 + next(uint64(quota)+5))
+			least := Micro(1 + next(uint64(want)))
+			res, err := c.Take(quota, w, now, want, least, int64(1+next(WholeShare)), Micro(1+next(4)))
+			if err != nil {
+				if c != before {
+					t.Fatalf("failed take changed the counter")
+				}
+				continue
+			}
+			if res.Granted > 0 {
+				if res.Granted < least || res.Granted > want {
+					t.Fatalf("granted %d outside least %d..want %d", res.Granted, least, want)
+				}
+				net[c.Period] += res.Granted
+				grants = append(grants, grantT{c.Last, res.Granted})
+			} else if res.RetryAfter != Never && (res.RetryAfter < 1 || c.Last+res.RetryAfter != c.Expiry(w, 0)) {
+				t.Fatalf("denied with retry %d at %d, period ends at %d", res.RetryAfter, c.Last, c.Expiry(w, 0))
+			}
+		case op == 2 && debts:
+			amount := Micro(next(uint64(2*quota) + 1))
+			res, err := c.Charge(quota, w, now, amount, maxDebt)
+			if err != nil {
+				if c != before {
+					t.Fatalf("failed charge changed the counter")
+				}
+				continue
+			}
+			if res.Granted < 0 || res.Granted > amount {
+				t.Fatalf("charged %d of %d", res.Granted, amount)
+			}
+			net[c.Period] += res.Granted
+		case len(grants) > 0:
+			g := grants[next(uint64(len(grants)))]
+			res, err := c.Return(quota, w, now, g.amount, g.at)
+			if err != nil {
+				continue
+			}
+			if res.Granted > g.amount || res.Granted > 0 && g.at < c.Period {
+				t.Fatalf("credited %d of a lease of %d granted at %d in the period from %d", res.Granted, g.amount, g.at, c.Period)
+			}
+			net[c.Period] -= res.Granted
 		}
-		quota := Micro(1 + next(1000))
-		period := Millis(1 + next(500))
-		now := Millis(next(10_000))
-		c := FreshCounter(quota, now)
-		net := map[Millis]Micro{} // per period: granted - credited
-		type grantT struct {
-			at     Millis
-			amount Micro
+		if c.Tokens < -maxDebt || c.Tokens > quota || c.Last < before.Last || c.Period < before.Period {
+			t.Fatalf("counter %+v after %+v breaks an invariant (quota %d, max debt %d)", c, before, quota, maxDebt)
 		}
-		var grants []grantT
-		for len(data) > 0 {
-			now += Millis(next(uint64(period))) - period/4 // sometimes back
-			now = max(now, 0)
-			// The window of a clock up to a period away from the key's.
-			around := max(0, c.Last+Millis(next(uint64(2*period)))-period)
-			start := around - around%period
-			w := Window{Start: start, End: start + period, Next: start + 2*period}
-			before := c
-			if next(3) > 0 {
-				want := Micro(1 + next(uint64(quota)+5))
-				least := Micro(1 + next(uint64(want)))
-				res, err := c.Take(quota, w, now, want, least, int64(1+next(WholeShare)), Micro(1+next(4)))
-				if err != nil {
-					if c != before {
-						t.Fatalf("failed take changed the counter")
-					}
-					continue
-				}
-				if res.Granted > 0 {
-					if res.Granted < least || res.Granted > want {
-						t.Fatalf("granted %d outside least %d..want %d", res.Granted, least, want)
-					}
-					net[c.Period] += res.Granted
-					grants = append(grants, grantT{c.Last, res.Granted})
-				} else if res.RetryAfter != Never && (res.RetryAfter < 1 || c.Last+res.RetryAfter != c.Expiry(w, 0)) {
-					t.Fatalf("denied with retry %d at %d, period ends at %d", res.RetryAfter, c.Last, c.Expiry(w, 0))
-				}
-			} else if len(grants) > 0 {
-				g := grants[next(uint64(len(grants)))]
-				res, err := c.Return(quota, w, now, g.amount, g.at)
-				if err != nil {
-					continue
-				}
-				if res.Granted > g.amount || res.Granted > 0 && g.at < c.Period {
-					t.Fatalf("credited %d of a lease of %d granted at %d in the period from %d", res.Granted, g.amount, g.at, c.Period)
-				}
-				net[c.Period] -= res.Granted
-			}
-			if c.Tokens < 0 || c.Tokens > quota || c.Last < before.Last || c.Period < before.Period {
-				t.Fatalf("counter %+v after %+v breaks an invariant (quota %d)", c, before, quota)
-			}
-			if net[c.Period] > quota {
-				t.Fatalf("period from %d granted %d net, above the quota %d", c.Period, net[c.Period], quota)
-			}
-			if c.Tokens != quota-max(0, net[c.Period]) && net[c.Period] >= 0 {
-				t.Fatalf("counter holds %d, the period granted %d net of a quota of %d", c.Tokens, net[c.Period], quota)
-			}
+		if net[c.Period] > quota+maxDebt {
+			t.Fatalf("period from %d debited %d net, above quota %d + max debt %d", c.Period, net[c.Period], quota, maxDebt)
 		}
-	})
+		if net[c.Period] >= 0 && c.Tokens != quota-net[c.Period] {
+			t.Fatalf("counter holds %d, the period debited %d net of a quota of %d", c.Tokens, net[c.Period], quota)
+		}
+	}
 }

@@ -118,53 +118,96 @@ func FuzzArithmetic(f *testing.F) {
 	f.Add(int64(1_000_000_000_000_000), int64(1_000_000), int64(86_400_000), []byte("\xff\xff\xff\xff\xff\xff\xff\xff\x01"))
 	f.Add(int64(100_000_000), int64(0), int64(0), []byte("no refill at all, ever"))
 	f.Fuzz(func(t *testing.T, capacity, amount, period int64, ops []byte) {
-		l, err := NewLimit(Micro(capacity), Micro(amount), Millis(period))
-		if err != nil {
-			return
-		}
-		s := Full(l, 1_700_000_000_000)
-		r := newRef(l, s)
-		now := int64(s.Last)
-		for len(ops) >= 9 {
-			kind, v := ops[0], binary.LittleEndian.Uint64(ops[1:9])
-			ops = ops[9:]
-			// Times move by up to about 2 fill times, backwards one time in eight.
-			step := int64(v % uint64(2*int64(max(l.fill, 1))+2))
-			if kind&7 == 7 {
-				step = -step
-			}
-			now = max(0, now+step)
-			before, last := s, s.Last
-			amt := 1 + int64(v>>16)%(2*capacity)
-			switch kind % 3 {
-			case 0:
-				least := 1 + int64(v>>8)%max(1, amt)
-				share := 1 + int64(v>>40)%WholeShare
-				unit := 1 + int64(v>>50)%max(1, least)
-				got := s.TakeShare(l, Millis(now), Micro(amt), Micro(least), share, Micro(unit))
-				if want := r.take(now, amt, least, share, unit); got != want {
-					t.Fatalf("TakeShare(%s, now=%d, want=%d, min=%d, share=%d, unit=%d) = %+v, want %+v", l, now, amt, least, share, unit, got, want)
-				}
-				if got.Granted != 0 && (got.Granted < Micro(least) || got.Granted > Micro(amt)) {
-					t.Fatalf("granted %d outside [%d, %d]", got.Granted, least, amt)
-				}
-			case 1:
-				grantedAt := int64(last) - int64(v>>24)%(2*int64(max(l.fill, 1))+1)
-				got := s.Return(l, Millis(now), Micro(amt), Millis(grantedAt))
-				if want := r.ret(now, amt, grantedAt); got != want {
-					t.Fatalf("Return(%s, now=%d, amount=%d, grantedAt=%d) = %+v, want %+v", l, now, amt, grantedAt, got, want)
-				}
-			default:
-				s.Refill(l, Millis(now))
-				r.refill(now)
-				checkConservation(t, l, before, s, now)
-			}
-			if s.Tokens < 0 || s.Tokens > l.capacity || s.Frac < 0 || s.Frac >= l.den ||
-				int64(s.Tokens) != r.tokens.Int64() || int64(s.Last) != r.last.Int64() || s.Frac != r.frac.Int64() {
-				t.Fatalf("state %+v, reference tokens=%v last=%v frac=%v, capacity %d", s, r.tokens, r.last, r.frac, l.capacity)
-			}
-		}
+		fuzzBucket(t, capacity, amount, period, -1, ops)
 	})
+}
+
+// fuzzBucket is FuzzArithmetic (maxDebt < 0: no charges), and FuzzDebt with settled costs
+// (Charge) down to maxDebt: every result against the reference, and the invariants, with
+// -maxDebt <= tokens then, and the time to full from any level exact.
+func fuzzBucket(t *testing.T, capacity, amount, period, maxDebt int64, ops []byte) {
+	l, err := NewLimit(Micro(capacity), Micro(amount), Millis(period))
+	if err != nil {
+		return
+	}
+	debts := maxDebt >= 0
+	kinds, fills := byte(3), int64(2) // take, return, refill; times move by up to 2 fill times
+	if debts {
+		maxDebt %= capacity + 1 // 0 <= maxDebt <= capacity
+		kinds, fills = 4, 3     // and charge: a debt takes up to one more fill time to repay
+	} else {
+		maxDebt = 0
+	}
+	s := Full(l, 1_700_000_000_000)
+	r := newRef(l, s)
+	now := int64(s.Last)
+	for len(ops) >= 9 {
+		kind, v := ops[0], binary.LittleEndian.Uint64(ops[1:9])
+		ops = ops[9:]
+		// Times move forward, backwards one time in eight.
+		step := int64(v % uint64(fills*int64(max(l.fill, 1))+2))
+		if kind&7 == 7 {
+			step = -step
+		}
+		now = max(0, now+step)
+		before, last := s, s.Last
+		amt := 1 + int64(v>>16)%(2*capacity)
+		switch kind % kinds {
+		case 0:
+			least := 1 + int64(v>>8)%max(1, amt)
+			share := 1 + int64(v>>40)%WholeShare
+			unit := 1 + int64(v>>50)%max(1, least)
+			got := s.TakeShare(l, Millis(now), Micro(amt), Micro(least), share, Micro(unit))
+			if want := r.take(now, amt, least, share, unit); got != want {
+				t.Fatalf("TakeShare(%s, now=%d, want=%d, min=%d, share=%d, unit=%d) from %+v = %+v, want %+v", l, now, amt, least, share, unit, before, got, want)
+			}
+			if got.Granted != 0 && (got.Granted < Micro(least) || got.Granted > Micro(amt)) {
+				t.Fatalf("granted %d outside [%d, %d]", got.Granted, least, amt)
+			}
+		case 1:
+			grantedAt := int64(last) - int64(v>>24)%(2*int64(max(l.fill, 1))+1)
+			got := s.Return(l, Millis(now), Micro(amt), Millis(grantedAt))
+			if want := r.ret(now, amt, grantedAt); got != want {
+				t.Fatalf("Return(%s, now=%d, amount=%d, grantedAt=%d) from %+v = %+v, want %+v", l, now, amt, grantedAt, before, got, want)
+			}
+		case 2:
+			s.Refill(l, Millis(now))
+			r.refill(now)
+			checkConservation(t, l, before, s, now)
+		default:
+			if kind&8 != 0 {
+				amt = 0
+			}
+			refilled := before
+			refilled.Refill(l, Millis(now))
+			got := s.Charge(l, Millis(now), Micro(amt), Micro(maxDebt))
+			if want := r.charge(now, amt, maxDebt); got != want {
+				t.Fatalf("Charge(%s, now=%d, amount=%d, maxDebt=%d) from %+v = %+v, want %+v", l, now, amt, maxDebt, before, got, want)
+			}
+			if got.Granted < 0 || got.Granted > Micro(amt) || got.Granted > max(0, refilled.Tokens+Micro(maxDebt)) {
+				t.Fatalf("Charge(%d, maxDebt=%d) debited %d from %+v", amt, maxDebt, got.Granted, refilled)
+			}
+			if amt == 0 && s != refilled {
+				t.Fatalf("Charge(0) left %+v, a refill leaves %+v", s, refilled)
+			}
+		}
+		if s.Tokens < -Micro(maxDebt) || s.Tokens > l.capacity || s.Frac < 0 || s.Frac >= l.den ||
+			int64(s.Tokens) != r.tokens.Int64() || int64(s.Last) != r.last.Int64() || s.Frac != r.frac.Int64() {
+			t.Fatalf("state %+v, reference tokens=%v last=%v frac=%v, capacity %d, max debt %d", s, r.tokens, r.last, r.frac, l.capacity, maxDebt)
+		}
+		if !debts {
+			continue
+		}
+		if ttf, ok := s.TimeToFull(l); ok && s.Tokens < l.capacity {
+			// The time to full from any level, debt included, is exact: one ms less does not fill.
+			full, short := s, s
+			full.Refill(l, s.Last+ttf)
+			short.Refill(l, s.Last+ttf-1)
+			if full.Tokens != l.capacity || short.Tokens == l.capacity {
+				t.Fatalf("TimeToFull of %+v = %d ms: then %+v, a ms earlier %+v", s, ttf, full, short)
+			}
+		}
+	}
 }
 
 // checkConservation: after a pure refill from before (at last) to s, either the bucket is full and
