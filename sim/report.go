@@ -479,20 +479,18 @@ func resultMarkdown(b *strings.Builder, sc *Scenario, r *Result) {
 	fmt.Fprintf(b, "![decisions per second](%s/timeline.svg)\n\n", sc.Name)
 
 	l := &r.Loss
-	b.WriteString("### Where the granted tokens went\n\n| | tokens | share of granted |\n|---|--:|--:|\n")
-	lrow := func(name string, v int64) {
-		fmt.Fprintf(b, "| %s | %s | %s |\n", name, tokens2(v), pct(ratio(v, l.Granted)))
-	}
-	lrow("granted to agents", l.Granted)
-	lrow("spent (admitted)", l.Spent)
-	lrow("returned unspent", l.Returned)
-	lrow("… credited back to the bucket", l.Credited)
-	lrow("… decayed (refill the bucket had meanwhile, or its cap)", l.Decayed)
-	lrow("… lost (the Return failed or was rejected)", l.Lost)
-	lrow("expired, not returned (the refill since the grant covers them)", l.Expired)
-	lrow("stranded in crashed agents' leases", l.Stranded)
-	lrow("held by live agents at the end", l.HeldAtEnd)
-	b.WriteString("\n")
+	b.WriteString("### Where the granted tokens went\n\n")
+	tokenShares(b, "granted", l.Granted, []tokenRow{
+		{"granted to agents", l.Granted},
+		{"spent (admitted)", l.Spent},
+		{"returned unspent", l.Returned},
+		{"… credited back to the bucket", l.Credited},
+		{"… decayed (refill the bucket had meanwhile, or its cap)", l.Decayed},
+		{"… lost (the Return failed or was rejected)", l.Lost},
+		{"expired, not returned (the refill since the grant covers them)", l.Expired},
+		{"stranded in crashed agents' leases", l.Stranded},
+		{"held by live agents at the end", l.HeldAtEnd},
+	})
 	if n := len(r.Crashes); n > 0 {
 		worst := slices.MaxFunc(r.Crashes, func(a, c Crash) int { return int(a.Stranded - c.Stranded) })
 		fmt.Fprintf(b, "**Crashes.** %d crashes stranded %s tokens, %s per crash (most: %s by %s at %s). "+
@@ -663,6 +661,21 @@ func si(v float64) string {
 	return strconv.FormatFloat(v, 'g', 4, 64)
 }
 
+// tokenRow is a row of a tokenShares table.
+type tokenRow struct {
+	name string
+	v    int64
+}
+
+// tokenShares writes a table of token counts and their shares of total (named of).
+func tokenShares(b *strings.Builder, of string, total int64, rows []tokenRow) {
+	fmt.Fprintf(b, "| | tokens | share of %s |\n|---|--:|--:|\n", of)
+	for _, r := range rows {
+		fmt.Fprintf(b, "| %s | %s | %s |\n", r.name, tokens2(r.v), pct(ratio(r.v, total)))
+	}
+	b.WriteString("\n")
+}
+
 // settledMarkdown reports what costs settled after the response did: where the actual costs went
 // (credited, spent from leases, debited, forgiven), the budget they used, and the debt bound.
 func settledMarkdown(b *strings.Builder, sc *Scenario, r *Result) {
@@ -671,20 +684,17 @@ func settledMarkdown(b *strings.Builder, sc *Scenario, r *Result) {
 	fmt.Fprintf(b, "%s allowed checks carried an estimate to settle; %s were settled (%s lost with a crashed agent, "+
 		"%s not due before the end, %s allowed without a settle id).\n\n",
 		i64(st.Checks), i64(st.Settles), i64(st.LostInCrash), i64(st.Pending), i64(st.Unheld))
-	b.WriteString("| | tokens | share of actual |\n|---|--:|--:|\n")
-	row := func(name string, v int64) {
-		fmt.Fprintf(b, "| %s | %s | %s |\n", name, tokens2(v), pct(ratio(v, st.Actual)))
-	}
-	row("actual costs of the settled checks", st.Actual)
-	row("their estimates", st.Estimates)
-	row("estimates given back (into the lease, or handed back)", st.Credited)
-	row("estimates that stayed spent (no lease held them)", st.Uncredited)
-	row("beyond the estimates: spent from leases", st.SpentExtra)
-	row("beyond the estimates: sent as debt", st.Debt)
-	row("… debited by the stores", st.DebtCharged)
-	row("… forgiven (the bucket was at -max_debt)", st.DebtForgiven)
-	row("… lost (never sent, or its call failed)", st.DebtLost)
-	b.WriteString("\n")
+	tokenShares(b, "actual", st.Actual, []tokenRow{
+		{"actual costs of the settled checks", st.Actual},
+		{"their estimates", st.Estimates},
+		{"estimates given back (into the lease, or handed back)", st.Credited},
+		{"estimates that stayed spent (no lease held them)", st.Uncredited},
+		{"beyond the estimates: spent from leases", st.SpentExtra},
+		{"beyond the estimates: sent as debt", st.Debt},
+		{"… debited by the stores", st.DebtCharged},
+		{"… forgiven (the bucket was at -max_debt)", st.DebtForgiven},
+		{"… lost (never sent, or its call failed)", st.DebtLost},
+	})
 	fmt.Fprintf(b, "**Utilisation.** The keys' buckets could admit %s tokens over the run (C + r·T each); admitted "+
 		"requests were charged %s (%s: spent from leases, net of estimates given back, plus debt debited), and the settled "+
 		"checks' actual costs came to %s (%s of the budget; what exceeds the charge was forgiven or lost).\n\n",
