@@ -397,15 +397,7 @@ func TestMultiAdmission(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := Check(CheckInput{Keys: ks, Records: tc.records})
-			var got []string
-			for _, v := range violations(res, "admission") {
-				for name, b := range bs {
-					if strings.Contains(v.Detail, b.Name+" (bucket "+name+")") {
-						got = append(got, name)
-					}
-				}
-			}
-			slices.Sort(got)
+			got := brokenBuckets(res, bs)
 			if !slices.Equal(got, tc.broken) {
 				t.Fatalf("bounds broken on %v, want %v (%v)", got, tc.broken, res.Violations)
 			}
@@ -578,18 +570,24 @@ func TestDMultiAdmission(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := Check(CheckInput{Keys: ks, Records: tc.records})
-			var got []string
-			for _, v := range violations(res, "admission") {
-				for name, b := range bs {
-					if strings.Contains(v.Detail, b.Name+" (bucket "+name+")") {
-						got = append(got, name)
-					}
-				}
-			}
-			slices.Sort(got)
+			got := brokenBuckets(res, bs)
 			if !slices.Equal(got, tc.broken) || len(res.Violations) != len(tc.broken) {
 				t.Fatalf("bounds broken on %v, want %v (%v)", got, tc.broken, res.Violations)
 			}
 		})
 	}
+}
+
+// brokenBuckets names, sorted, the buckets of bs whose admission bound res says was broken.
+func brokenBuckets(res Result, bs map[string]*Key) []string {
+	var got []string
+	for _, v := range violations(res, "admission") {
+		for name, b := range bs {
+			if strings.Contains(v.Detail, b.Name+" (bucket "+name+")") {
+				got = append(got, name)
+			}
+		}
+	}
+	slices.Sort(got)
+	return got
 }
