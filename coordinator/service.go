@@ -351,27 +351,22 @@ func acquireResult(p lease.Plan, t *TakeRequest, r TakeResult) *coordinatorv1.Ac
 		return &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_STORE_UNAVAILABLE}
 	case r.Stale:
 		return &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_STALE}
+	}
+	// What every answer of a take that reached the bucket carries.
+	res := &coordinatorv1.AcquireResult{
+		Status:           coordinatorv1.Status_STATUS_OK,
+		RemainingMicro:   int64(r.Remaining),
+		GrantedAtMs:      int64(r.Now),
+		Replayed:         r.Replayed,
+		CreditedMicro:    int64(r.Credited),
+		DebtChargedMicro: int64(r.Debited),
+	}
+	switch {
 	case t.TakesNothing():
-		return &coordinatorv1.AcquireResult{
-			Status:           coordinatorv1.Status_STATUS_OK,
-			RemainingMicro:   int64(r.Remaining),
-			GrantedAtMs:      int64(r.Now),
-			Replayed:         r.Replayed,
-			CreditedMicro:    int64(r.Credited),
-			DebtChargedMicro: int64(r.Debited),
-		}
+		return res
 	case r.Granted == 0:
-		return &coordinatorv1.AcquireResult{
-			Status:           coordinatorv1.Status_STATUS_DENIED,
-			RetryAfterMs:     int64(r.RetryAfter),
-			RemainingMicro:   int64(r.Remaining),
-			GrantedAtMs:      int64(r.Now),
-			Replayed:         r.Replayed,
-			CreditedMicro:    int64(r.Credited),
-			PaceMs:           int64(r.Pace),
-			DebtChargedMicro: int64(r.Debited),
-			RefusedBucket:    uint32(r.Refused),
-		}
+		res.Status, res.RetryAfterMs, res.PaceMs, res.RefusedBucket = coordinatorv1.Status_STATUS_DENIED, int64(r.RetryAfter), int64(r.Pace), uint32(r.Refused)
+		return res
 	}
 	ttl := int64(p.TTL / time.Millisecond)
 	if !w.IsZero() && ttl > 0 {
@@ -381,17 +376,8 @@ func acquireResult(p lease.Plan, t *TakeRequest, r TakeResult) *coordinatorv1.Ac
 		}
 		ttl = min(ttl, int64(end-r.Now))
 	}
-	return &coordinatorv1.AcquireResult{
-		Status:           coordinatorv1.Status_STATUS_OK,
-		GrantedMicro:     int64(r.Granted),
-		TtlMs:            ttl,
-		RemainingMicro:   int64(r.Remaining),
-		GrantedAtMs:      int64(r.Now),
-		Replayed:         r.Replayed,
-		CreditedMicro:    int64(r.Credited),
-		PaceMs:           int64(r.Pace),
-		DebtChargedMicro: int64(r.Debited),
-	}
+	res.GrantedMicro, res.TtlMs, res.PaceMs = int64(r.Granted), ttl, int64(r.Pace)
+	return res
 }
 
 // Return credits back unspent tokens of leases (decayed by the refill since their grant).
