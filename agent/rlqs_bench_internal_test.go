@@ -16,7 +16,6 @@ import (
 	"github.com/leasebucket/leasebucket/internal/clock"
 	"github.com/leasebucket/leasebucket/internal/lease"
 	"github.com/leasebucket/leasebucket/policy"
-	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
 )
 
 // discardQuotaStream is a StreamRateLimitQuotas call that encodes what the agent sends, as gRPC
@@ -76,6 +75,15 @@ default:
 	if err != nil {
 		b.Fatal(err)
 	}
+	route, err := set.Match("/v1/items/x", "read")
+	if err != nil {
+		b.Fatal(err)
+	}
+	limit, err := set.Limits(route, "t", "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	cost := bucket.Micro(set.Cost(route)) * bucket.PerToken // the rule's buckets, which every refill names
 	clk := clock.NewManual(clock.Of(time.Hour))
 	lim := New(Config{}, set)
 	s := NewServer(ServerConfig{Limiter: lim, Clock: clk})
@@ -107,7 +115,7 @@ default:
 		}
 		for range time.Second / quotaSlot {
 			now := clk.Now()
-			answerRefills(b, lim, now)
+			answerRefills(b, lim, now, limit.Bucket, cost)
 			st.drainReady()
 			st.onDue()
 			if err := st.flush(); err != nil {
@@ -132,15 +140,14 @@ default:
 	b.ReportMetric(float64(ds.sent-sent)/float64(b.N), "responses/s")
 }
 
-// answerRefills answers every call the Limiter has due at now as a coordinator with a bucket that
-// never runs low would: each refill granted what the grant rule sizes, for the lease's lifetime,
-// each hand-back credited in full.
-func answerRefills(tb testing.TB, l *Limiter, now clock.Nanos) {
+// answerRefills answers every call the Limiter has due at now as a coordinator with a bucket of
+// lim that never runs low would: each refill granted what the grant rule sizes (requests of cost),
+// for the lease's lifetime, each hand-back credited in full.
+func answerRefills(tb testing.TB, l *Limiter, now clock.Nanos, lim bucket.Limit, cost bucket.Micro) {
 	for c := l.NextCall(now); c != nil; c = l.NextCall(now) {
 		r := answerAll(c, 0)
 		if c.Acquire != nil {
 			for i, it := range c.Acquire.Items {
-				lim, cost := benchLimit(l, it)
 				p, err := lease.Size(lim, cost, false, lease.Ask{Needed: bucket.Micro(it.NeededMicro), Least: bucket.Micro(it.MinMicro),
 					Demand: bucket.Micro(it.DemandMicroPerSecond)})
 				if err != nil {
@@ -148,25 +155,10 @@ func answerRefills(tb testing.TB, l *Limiter, now clock.Nanos) {
 				}
 				res := r.Acquire.Results[i]
 				res.GrantedMicro, res.TtlMs, res.GrantedAtMs = int64(p.Want), p.TTL.Milliseconds(), int64(now/clock.Nanos(time.Millisecond))
-				res.Status = coordinatorv1.Status_STATUS_OK
 			}
 		}
 		if err := l.Apply(now, c, r); err != nil {
 			tb.Fatal(err)
 		}
 	}
-}
-
-// benchLimit is the limit and cost of the benchmark's rule (the one bucket every item names).
-func benchLimit(l *Limiter, _ *coordinatorv1.AcquireItem) (bucket.Limit, bucket.Micro) {
-	set := l.Policy()
-	r, err := set.Match("/v1/items/x", "read")
-	if err != nil {
-		panic(err)
-	}
-	lims, err := set.Limits(r, "t", "")
-	if err != nil {
-		panic(err)
-	}
-	return lims.Bucket, bucket.Micro(set.Cost(r)) * bucket.PerToken
 }
