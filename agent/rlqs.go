@@ -249,8 +249,8 @@ type quotaStream struct {
 	warned  bool   // an unmappable bucket was logged
 
 	// From validate to onReports: the message (decoded in place: its slices point into it), and
-	// one per usage: its bucket if the stream holds it, else its bucketSig. sigBuf is where
-	// validate builds a signature to look it up.
+	// one per usage: its bucket if the stream holds it, else its signature (appendEntriesSig).
+	// sigBuf is where validate builds a signature to look it up.
 	reports quotaReports
 	found   []*quotaBucket
 	sigs    []string
