@@ -247,9 +247,9 @@ func FuzzKey(f *testing.F) {
 			k1, err1 := set.Key(r, t1, r1)
 			k2, err2 := set.Key(r, t2, r2)
 			if err1 != nil || err2 != nil {
-				return
+				continue // a region this route's scope refuses; the next route may take it
 			}
-			same := t1 == t2 && (r1 == r2 || r.Rule.Scope == Global)
+			same := t1 == t2 && (r1 == r2 || r.Rule.Scope != Regional) // only a regional key holds its region
 			if (k1 == k2) != same {
 				t.Fatalf("Key(%q, %q) = %q, Key(%q, %q) = %q", t1, r1, k1, t2, r2, k2)
 			}

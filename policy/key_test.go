@@ -47,8 +47,6 @@ func splitKey(key string) ([]string, error) {
 	return out, nil
 }
 
-// hashSlotInput is the part of a key Redis Cluster hashes: the content of the first {...} if it is
-// non-empty, else the whole key.
 // checkTag checks a key of route r for tenant against the hash-tag rule: a route charged together
 // with others has exactly one hash tag, the escaped tenant right after the prefix; any other
 // route's key holds no brace.
@@ -70,6 +68,8 @@ func checkTag(key string, r Route, tenant string) error {
 	return nil
 }
 
+// hashSlotInput is the part of a key Redis Cluster hashes: the content of the first {...} if it is
+// non-empty, else the whole key.
 func hashSlotInput(key string) string {
 	if i := strings.IndexByte(key, '{'); i >= 0 {
 		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
