@@ -212,19 +212,22 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 		var also []Bucket
 		var p lease.Plan
 		var err error
-		if debtOnly(it) {
-			if len(it.Also) > 0 {
-				results[i] = &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_INVALID}
-				continue
-			}
-		} else {
+		if !debtOnly(it) {
 			var ok bool
 			if also, ok = resolveAlso(set, res, it); !ok {
 				results[i] = &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_INVALID}
 				continue
 			}
+			// A take of several buckets (a direct route's: only its size counts) covers the grant
+			// in each: planned on the one of the smallest capacity.
+			lim := res.limits.Bucket
+			for _, b := range also {
+				if b.Limit.Capacity() < lim.Capacity() {
+					lim = b.Limit
+				}
+			}
 			cost := bucket.Micro(set.Cost(res.route)) * bucket.PerToken
-			p, err = PlanGrant(res.limits.Bucket, cost, res.route.Rule.Direct, lease.Ask{
+			p, err = PlanGrant(lim, cost, res.route.Rule.Direct, lease.Ask{
 				Needed: bucket.Micro(it.NeededMicro), Least: bucket.Micro(it.MinMicro), Demand: bucket.Micro(it.DemandMicroPerSecond),
 			})
 		}
@@ -240,18 +243,6 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 			Debt:   bucket.Micro(it.DebtMicro), MaxDebt: res.limits.MaxDebt,
 			Demand: bucket.Micro(it.DemandMicroPerSecond), TTL: bucket.Millis(p.TTL / time.Millisecond), Op: op,
 			Period: s.window(res.limits), Also: also}
-		for _, b := range also {
-			// Every bucket covers the grant: no more than the smallest capacity.
-			t.Want = max(t.Min, min(t.Want, b.Limit.Capacity()))
-			if t.Min > b.Limit.Capacity() {
-				err = ErrCostAboveCapacity
-			}
-		}
-		if errors.Is(err, ErrCostAboveCapacity) {
-			results[i] = &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_DENIED,
-				RetryAfterMs: int64(bucket.Never)}
-			continue
-		}
 		if err != nil || t.Validate() != nil || !seen.add(res.key) {
 			results[i] = &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_INVALID}
 			continue
@@ -323,7 +314,7 @@ func resolveAlso(set *policy.Set, res resolved, it *coordinatorv1.AcquireItem) (
 	if !res.route.Rule.Direct || len(charges) == 0 {
 		return nil, len(it.Also) == 0
 	}
-	if len(it.Also) != len(charges) || len(charges) > MaxAlso {
+	if len(it.Also) != len(charges) {
 		return nil, false
 	}
 	also = make([]Bucket, len(charges))

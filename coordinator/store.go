@@ -9,6 +9,7 @@ import (
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/lease"
+	"github.com/leasebucket/leasebucket/policy"
 )
 
 // Store holds the global buckets. Each request acts atomically on one key; a batch is one round
@@ -109,13 +110,7 @@ type Bucket struct {
 
 // MaxAlso bounds TakeRequest.Also: a check charges at most policy.MaxCharges buckets besides its
 // own.
-const MaxAlso = 8
-
-// CreditOnly reports whether r only hands a lease back (Want and Min 0, a positive Credit): a
-// return riding in a batch of takes, in the same round trip.
-func (r *TakeRequest) CreditOnly() bool {
-	return r.Want == 0 && r.Min == 0 && r.Credit.Amount > 0
-}
+const MaxAlso = policy.MaxCharges
 
 // TakesNothing reports whether r takes no tokens (Want and Min 0): it only hands a lease back, only
 // charges a debt, or both.
@@ -221,8 +216,9 @@ func (r *TakeRequest) validateAlso() error {
 	switch {
 	case len(r.Also) > MaxAlso:
 		return fmt.Errorf("%w: key %q takes %d other buckets, at most %d", ErrInvalidRequest, r.Key, len(r.Also), MaxAlso)
-	case r.CreditOnly() || r.Share != 0 && r.Share != bucket.WholeShare || r.Credit.Amount != 0 || r.TTL != 0 || !r.Period.IsZero():
-		return fmt.Errorf("%w: key %q takes other buckets: no share, credit, lease lifetime or window", ErrInvalidRequest, r.Key)
+	case r.Share != 0 && r.Share != bucket.WholeShare || r.Credit.Amount != 0 || r.Debt != 0 || r.TTL != 0 || !r.Period.IsZero():
+		// A debt is charged to one bucket, where it was incurred.
+		return fmt.Errorf("%w: key %q takes other buckets: no share, credit, debt, lease lifetime or window", ErrInvalidRequest, r.Key)
 	}
 	for i, b := range r.Also {
 		switch {

@@ -300,12 +300,13 @@ func (p *parser) hashTags(s *Set) {
 		}
 	}
 	for _, rt := range s.routes {
-		if rt.tagged && rt.maxKey <= MaxKeyLen && rt.maxKey+tagLen > MaxKeyLen {
-			rt.maxKey += tagLen
+		if !rt.tagged {
+			continue
+		}
+		fits := rt.maxKey <= MaxKeyLen // else said already
+		if rt.maxKey += tagLen; fits && rt.maxKey > MaxKeyLen {
 			p.errf(rt.rule.Line, rt.rule.Name, "template %q with operation %q makes bucket keys of up to %d bytes with their hash tag, more than %d: shorten it",
 				rt.tmpl.raw, rt.op, rt.maxKey, MaxKeyLen)
-		} else if rt.tagged {
-			rt.maxKey += tagLen
 		}
 	}
 }

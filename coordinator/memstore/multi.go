@@ -100,11 +100,7 @@ func (s *Store) takeAll(r *coordinator.TakeRequest, now bucket.Millis) coordinat
 			states[i].Tokens -= res.Granted
 		}
 	}
-	for i, st := range states {
-		if i == 0 || st.Tokens < res.Remaining {
-			res.Remaining = st.Tokens
-		}
-	}
+	res.Remaining = low - res.Granted // every bucket gave the same grant
 	for i := range commit {
 		e := entries[i]
 		if e == nil {

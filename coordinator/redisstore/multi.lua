@@ -114,10 +114,7 @@ if granted > 0 then
     st[i].tokens = st[i].tokens - granted
   end
 end
-local remaining = st[1].tokens
-for i = 2, n do
-  remaining = math.min(remaining, st[i].tokens)
-end
+local remaining = low - granted -- every bucket gave the same grant
 
 -- Store: bucket.lua's fields and expiry (once full plus the margin the key is a full bucket
 -- again; a bucket that is not full and never refills persists).

@@ -109,6 +109,7 @@ var multiCases = []testCase{
 			{Key: "a", Limit: a, Want: tok, Min: tok, Share: 500, Also: []coordinator.Bucket{ok}},
 			{Key: "a", Limit: a, Want: tok, Min: tok, Credit: coordinator.Credit{Amount: tok}, Also: []coordinator.Bucket{ok}},
 			{Key: "a", Limit: a, Want: tok, Min: tok, TTL: 1000, Also: []coordinator.Bucket{ok}},
+			{Key: "a", Limit: a, Want: tok, Min: tok, Debt: tok, MaxDebt: tok, Also: []coordinator.Bucket{ok}},
 			{Key: "a", Limit: a, Want: tok, Min: tok, Also: []coordinator.Bucket{{Key: "a", Limit: a}}},
 			{Key: "a", Limit: a, Want: tok, Min: tok, Also: []coordinator.Bucket{ok, ok}},
 			{Key: "a", Limit: a, Want: tok, Min: tok, Also: []coordinator.Bucket{{Key: "", Limit: a}}},
