@@ -120,7 +120,7 @@ func (l *Limiter) applyAcquire(now clock.Nanos, c *Call, r Reply) error {
 			if len(e.s().waiting) > 0 {
 				l.queueLocked(e)
 			}
-			l.oweAgainLocked(now, e)
+			l.oweLocked(now, e) // the call that carried the last debt is back
 			e.unlock()
 			continue
 		}
@@ -148,7 +148,7 @@ func (l *Limiter) applyAcquire(now clock.Nanos, c *Call, r Reply) error {
 		if len(e.s().waiting) > 0 {
 			l.queueLocked(e) // checks the answer could not serve wait for the next refill
 		}
-		l.oweAgainLocked(now, e)
+		l.oweLocked(now, e) // the call that carried the last debt is back
 		e.unlock()
 	}
 	return mismatch
@@ -163,13 +163,9 @@ func (l *Limiter) debtAnsweredLocked(e *entry, c *Call, res *coordinatorv1.Acqui
 	case coordinatorv1.Status_STATUS_OK, coordinatorv1.Status_STATUS_DENIED:
 		l.debtFateLocked(e, debtDebited, bucket.Micro(res.DebtChargedMicro))
 	case coordinatorv1.Status_STATUS_STALE:
-		l.debtFateLocked(e, debtAgain, 0)
+		l.debtFailedLocked(e, c, false)
 	case coordinatorv1.Status_STATUS_STORE_UNAVAILABLE:
-		if e.fail != nil && e.fail.lostSeq == c.Acquire.Seq {
-			l.debtFateLocked(e, debtResent, 0)
-		} else {
-			l.debtFateLocked(e, debtLost, 0)
-		}
+		l.debtFailedLocked(e, c, true)
 	default: // the coordinator refused the item: it will refuse it again
 		l.debtFateLocked(e, debtLost, 0)
 	}
@@ -184,7 +180,7 @@ func (l *Limiter) debtFailedLocked(e *entry, c *Call, maybe bool) {
 	switch {
 	case !maybe:
 		l.debtFateLocked(e, debtAgain, 0)
-	case e.fail.lostSeq == c.Acquire.Seq:
+	case e.fail != nil && e.fail.lostSeq == c.Acquire.Seq:
 		l.debtFateLocked(e, debtResent, 0)
 	default:
 		l.debtFateLocked(e, debtLost, 0)
@@ -227,14 +223,6 @@ func (l *Limiter) debtFateLocked(e *entry, fate debtFate, charged bucket.Micro) 
 		unconfirmed(s.debtOutFor)
 	}
 	s.debtOutFor = nil
-}
-
-// oweAgainLocked queues e's pending debt after an answer (the call that carried the last one is
-// back). e.mu is held.
-func (l *Limiter) oweAgainLocked(now clock.Nanos, e *entry) {
-	if e.owesLocked() {
-		l.oweLocked(now, e)
-	}
 }
 
 // applyReturns accounts for the leases c handed back alone (Acquire.Returns or Return.Items):

@@ -109,11 +109,7 @@ func (l *Limiter) retireEntry(e *entry) {
 	l.releaseLocked(e)
 	if e.owesLocked() && !e.inflight && !e.queued {
 		// Its debt goes alone, once, failure backoff or not: no check will bring it a call.
-		e.queued = true
-		l.qmu.Lock()
-		l.queue = append(l.queue, e)
-		l.qmu.Unlock()
-		l.signal()
+		l.enqueueLocked(e)
 	}
 }
 
@@ -162,9 +158,7 @@ func (l *Limiter) expireEntry(now clock.Nanos, e *entry) {
 	if !e.backed {
 		l.settleBackLocked(now, e)
 	}
-	if e.owesLocked() {
-		l.oweLocked(now, e) // a debt put back by a failed call goes once the backoff is over
-	}
+	l.oweLocked(now, e) // a debt put back by a failed call goes once the backoff is over
 }
 
 // expiredLocked retires e's current lease, which expired, and hands back what is left of it.

@@ -226,14 +226,13 @@ func (l *Limiter) Check(now clock.Nanos, q Query) (Verdict, error) {
 				}
 				return Verdict{Outcome: Allow, Remaining: bucket.Micro(left + e.remaining.Load()), Rule: e.rule, Limits: e.lim}, nil
 			}
-		} else if ln := e.links.Load(); ln != nil {
-			// A check of several buckets whose leases all serve, in this frame too.
+		} else if ln := e.links.Load(); ln != nil && !e.rule.Direct {
+			// A check of several buckets whose leases all serve, in this frame too (a direct
+			// route's keep no lease: check takes them all at once).
 			if least, left, ok := l.spendLinked(now, e, ln, res.cost); ok {
 				return Verdict{Outcome: Allow, Remaining: bucket.Micro(left), Rule: least.rule, Limits: least.lim}, nil
 			}
-			if !e.rule.Direct {
-				return l.checkChargesAll(now, &res, q.Tenant), nil
-			}
+			return l.checkChargesAll(now, &res, q.Tenant), nil
 		}
 	}
 	return l.check(now, &res, q.Tenant), nil
@@ -423,12 +422,17 @@ func (l *Limiter) prefetch(e *entry) {
 // queueLocked queues a refill of e unless one is queued, in flight or put off. e.mu is held.
 func (l *Limiter) queueLocked(e *entry) {
 	if e.refilling.CompareAndSwap(false, true) {
-		e.queued = true
-		l.qmu.Lock()
-		l.queue = append(l.queue, e)
-		l.qmu.Unlock()
-		l.signal()
+		l.enqueueLocked(e)
 	}
+}
+
+// enqueueLocked puts e in the queue of keys a call is due for, and wakes the shell. e.mu is held.
+func (l *Limiter) enqueueLocked(e *entry) {
+	e.queued = true
+	l.qmu.Lock()
+	l.queue = append(l.queue, e)
+	l.qmu.Unlock()
+	l.signal()
 }
 
 // Stats counts what the core did; the shells export it as metrics.

@@ -421,20 +421,16 @@ func unconfirmed(ws []*debtWaiter) {
 	}
 }
 
-// oweLocked has e's debt sent with its next call: queued now unless a call of e is out or queued
-// (its answer requeues it) or e is in its failure mode (the next call after the backoff carries
-// it: Expire queues it). e.mu is held.
+// oweLocked has e's debt, if it owes one, sent with its next call: queued now unless a call of e
+// is out or queued (its answer requeues it) or e is in its failure mode (the next call after the
+// backoff carries it: Expire queues it). e.mu is held.
 func (l *Limiter) oweLocked(now clock.Nanos, e *entry) {
-	if e.inflight || e.queued || (e.fail != nil && now < e.fail.until) {
+	if !e.owesLocked() || e.inflight || e.queued || (e.fail != nil && now < e.fail.until) {
 		return
 	}
-	e.queued = true
 	e.refilling.Store(true)
 	e.sw().debtOnly = true
-	l.qmu.Lock()
-	l.queue = append(l.queue, e)
-	l.qmu.Unlock()
-	l.signal()
+	l.enqueueLocked(e)
 }
 
 // owesLocked reports whether e has debt to send: pending, or carried by a call of unknown outcome
