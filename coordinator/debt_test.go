@@ -43,13 +43,14 @@ func TestDebtOverGRPC(t *testing.T) {
 	}
 	now := bucket.Millis(1_700_000_000_000)
 	clock := func() bucket.Millis { return now }
-	srv := redistest.Start(t)
 	for _, b := range []struct {
 		name  string
-		store coordinator.Store
+		store func(t *testing.T) coordinator.Store
 	}{
-		{"memory", memstore.New(memstore.WithClock(clock))},
-		{"redis", redisstore.New(srv.Client(t), redisstore.WithClock(clock))},
+		{"memory", func(*testing.T) coordinator.Store { return memstore.New(memstore.WithClock(clock)) }},
+		{"redis", func(t *testing.T) coordinator.Store {
+			return redisstore.New(redistest.Start(t).Client(t), redisstore.WithClock(clock))
+		}},
 	} {
 		t.Run(b.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
@@ -57,7 +58,7 @@ func TestDebtOverGRPC(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r := startReplica(t, coordinator.NewService(b.store, set, coordinator.WithMetrics(m)), coordinator.ServerOptions{})
+			r := startReplica(t, coordinator.NewService(b.store(t), set, coordinator.WithMetrics(m)), coordinator.ServerOptions{})
 			metered := ref("metered", "acme-"+b.name)
 			seq := uint64(0)
 			call := func(items ...*coordinatorv1.AcquireItem) *coordinatorv1.AcquireResult {

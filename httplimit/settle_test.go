@@ -77,8 +77,13 @@ func TestSettleCosts(t *testing.T) {
 		t.Errorf("settled %v without a reported cost, want the estimate to stand", got)
 	case <-time.After(100 * time.Millisecond):
 	}
-	// ReportCost outside such a request does nothing.
+	// ReportCost outside such a request does nothing: no settle, no panic.
 	httplimit.ReportCost(context.Background(), 3)
+	select {
+	case got := <-chk.settled:
+		t.Errorf("settled %v by a ReportCost outside a request", got)
+	case <-time.After(50 * time.Millisecond):
+	}
 
 	_, err = httplimit.New(httplimit.Config{Checker: &fakeChecker{}, Policy: httplimit.Static(loadExample(t)), SettleCosts: true,
 		Identity: func(*http.Request) (string, bool) { return "acme", true }})
@@ -146,13 +151,18 @@ func TestSettleCostsThroughAgent(t *testing.T) {
 		settled <- struct{}{}
 	}))
 	codes := []int{}
-	for range 5 {
+	for i := range 5 {
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, httptest.NewRequest("POST", "/complete", nil))
 		codes = append(codes, w.Code)
 		if w.Code == http.StatusOK {
 			<-settled
-			time.Sleep(50 * time.Millisecond) // the settle goes out after the response
+			// The settle goes out after the response: wait until the agent applied it.
+			for deadline := time.Now().Add(5 * time.Second); lim.Stats().Settles.Load() < uint64(i+1); time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("request %d: its settle did not reach the agent within 5 s", i+1)
+				}
+			}
 		}
 	}
 	// 100 tokens: three requests of 30 leave 10; the fourth is allowed on its estimate and

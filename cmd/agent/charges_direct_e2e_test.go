@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"strconv"
 	"testing"
 	"time"
 
@@ -85,18 +84,7 @@ func TestChargesDirect(t *testing.T) {
 			if resp.Decision != agentv1.Decision_DECISION_DENY || resp.Rule != "budget" {
 				t.Fatalf("/direct after the hammer: %v, want a denial by budget", resp)
 			}
-			level := func(rule string) int64 {
-				t.Helper()
-				v, err := rdb.HGet(context.Background(), keys[rule], "t").Result()
-				if err != nil {
-					t.Fatalf("%s: %v", keys[rule], err)
-				}
-				n, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return n
-			}
+			level := func(rule string) int64 { return redisTokens(t, rdb, keys[rule]) }
 			tok := int64(bucket.PerToken)
 			n := int64(len(allowed))
 			// At most what they refilled since (2 and 1 an hour: a tenth of a token in three minutes), far

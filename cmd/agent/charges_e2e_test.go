@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -90,15 +89,7 @@ func TestChargesAcrossAgents(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					v, err := rdb.HGet(context.Background(), key, "t").Result()
-					if err != nil {
-						t.Fatalf("%s: %v", key, err)
-					}
-					n, err := strconv.ParseInt(v, 10, 64)
-					if err != nil {
-						t.Fatal(err)
-					}
-					return n
+					return redisTokens(t, rdb, key)
 				}
 				t.Fatalf("%s charges no %s", route, rule)
 				return 0
@@ -165,6 +156,16 @@ default:
 // redisAndPolicy starts a standalone Redis or a Cluster of three masters (mode "standalone" or
 // "cluster"), writes the policy text to a file and parses it: the setup of the tests that run
 // agent processes on both.
+// redisTokens is the µ the bucket of key holds in Redis (its t field), as the store last wrote it.
+func redisTokens(t *testing.T, rdb redis.Cmdable, key string) int64 {
+	t.Helper()
+	n, err := rdb.HGet(context.Background(), key, "t").Int64()
+	if err != nil {
+		t.Fatalf("%s: %v", key, err)
+	}
+	return n
+}
+
 func redisAndPolicy(t *testing.T, mode, text string) (addrs string, rdb redis.UniversalClient, file string, set *policy.Set) {
 	t.Helper()
 	if mode == "standalone" {

@@ -278,10 +278,7 @@ func TestAgentKilledLosesAtMostItsLeases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tokens, err := rdb.Client(t).HGet(context.Background(), key, "t").Int64()
-	if err != nil {
-		t.Fatalf("read the ledger key: %v", err)
-	}
+	tokens := redisTokens(t, rdb.Client(t), key)
 	capacity := float64(set.Rule("ledger").Quota.Burst)
 	level := float64(tokens) / float64(bucket.PerToken)
 	lost := capacity - level - float64(allowedVictim+allowedSurvivor)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"math"
-	"strconv"
 	"testing"
 	"time"
 
@@ -46,18 +45,7 @@ func TestSettleAcrossAgents(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			level := func() float64 {
-				t.Helper()
-				v, err := rdb.HGet(context.Background(), key, "t").Result()
-				if err != nil {
-					t.Fatalf("%s: %v", key, err)
-				}
-				n, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return float64(n) / float64(bucket.PerToken)
-			}
+			level := func() float64 { return float64(redisTokens(t, rdb, key)) / float64(bucket.PerToken) }
 			coords := []*coordinatorNode{startCoordinator(t, file, addrs), startCoordinator(t, file, addrs)}
 			agents := []*agentNode{startAgent(t, file, coords), startAgent(t, file, coords)}
 
