@@ -211,7 +211,8 @@ func agentProbes(a *Agent, keys *Keys) []Probe {
 		var got string
 		// A check that needs a refill answers with its rule's failure mode when the refill takes
 		// longer than the agent's wait bound (a loaded machine): a decision, but not the one the
-		// probe looks for, so it is asked again a few times.
+		// probe looks for, so it is asked again a few times, after the Retry-After it was given
+		// (the key's failure backoff; at least 100 ms, at most 2 s).
 		for range 5 {
 			ctx, cancel := context.WithTimeout(context.Background(), abuseTimeout)
 			resp, err := a.Client.Check(ctx, req)
@@ -223,7 +224,7 @@ func agentProbes(a *Agent, keys *Keys) []Probe {
 			if got != "decision "+agentv1.Decision_DECISION_UNAVAILABLE.String() {
 				break
 			}
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(min(2*time.Second, max(100*time.Millisecond, time.Duration(resp.RetryAfterMs)*time.Millisecond)))
 		}
 		return Probe{Target: "agent", Name: name, Want: want, Got: got}
 	}
