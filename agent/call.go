@@ -7,6 +7,7 @@ import (
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
 	"github.com/leasebucket/leasebucket/internal/lease"
+	"github.com/leasebucket/leasebucket/policy"
 	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
 )
 
@@ -466,14 +467,12 @@ func (l *Limiter) sampleDemandLocked(now clock.Nanos, e *entry) bucket.Micro {
 }
 
 func (l *Limiter) ref(v *view, e *entry) *coordinatorv1.BucketRef {
-	r := v.set.RouteByID(e.route)
-	return &coordinatorv1.BucketRef{
-		Rule:      e.rule.Name,
-		Route:     r.Template(),
-		Operation: r.Operation(),
-		Tenant:    e.tenant,
-		Region:    e.lim.Region,
-	}
+	return routeRef(v.set.RouteByID(e.route), e.tenant, e.lim.Region)
+}
+
+// routeRef names the bucket of route r for tenant in region.
+func routeRef(r policy.Route, tenant, region string) *coordinatorv1.BucketRef {
+	return &coordinatorv1.BucketRef{Rule: r.Rule.Name, Route: r.Template(), Operation: r.Operation(), Tenant: tenant, Region: region}
 }
 
 // ErrUnknownPolicy is reported by Apply when the coordinator does not know this agent's policy

@@ -31,14 +31,7 @@ func (l *Limiter) alsoRefs(v *view, e *entry) []*coordinatorv1.BucketRef {
 	}
 	refs := make([]*coordinatorv1.BucketRef, len(charges))
 	for i, id := range charges {
-		r := v.set.RouteByID(id)
-		refs[i] = &coordinatorv1.BucketRef{
-			Rule:      r.Rule.Name,
-			Route:     r.Template(),
-			Operation: r.Operation(),
-			Tenant:    e.tenant,
-			Region:    e.lim.Region,
-		}
+		refs[i] = routeRef(v.set.RouteByID(id), e.tenant, e.lim.Region)
 	}
 	return refs
 }
