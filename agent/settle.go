@@ -56,9 +56,21 @@ type hold struct {
 	n        int
 	c        [policy.MaxCharges + 1]heldCharge
 	estimate bucket.Micro // the estimate, charged to each bucket
-	most     bucket.Micro // the largest actual cost: the least of capacity + max_debt over the buckets
 	at       clock.Nanos
 }
+
+// most is the largest actual cost a settle of hd may carry: the least room (settleRoom) of its
+// buckets.
+func (hd *hold) most() bucket.Micro {
+	most := settleRoom(hd.c[0].e.lim)
+	for _, c := range hd.c[1:hd.n] {
+		most = min(most, settleRoom(c.e.lim))
+	}
+	return most
+}
+
+// settleRoom is what one settle may charge a bucket of lim: its capacity plus its max_debt.
+func settleRoom(lim *policy.Limits) bucket.Micro { return lim.Bucket.Capacity() + lim.MaxDebt }
 
 type heldCharge struct {
 	e    *entry
@@ -145,9 +157,9 @@ func (h *holds) take(now clock.Nanos, id uint64, cost bucket.Micro) (*hold, erro
 	if !ok || now-hd.at >= h.window {
 		return nil, ErrUnknownSettle
 	}
-	if cost > hd.most {
+	if most := hd.most(); cost > most {
 		return nil, fmt.Errorf("%w: settled cost %d is above %d, the capacity plus max_debt of a bucket the check charged",
-			ErrInvalidCost, cost/bucket.PerToken, hd.most/bucket.PerToken)
+			ErrInvalidCost, cost/bucket.PerToken, most/bucket.PerToken)
 	}
 	delete(s.m, id)
 	return hd, nil
@@ -252,7 +264,7 @@ func (l *Limiter) holdAfter(now clock.Nanos, q Query) uint64 {
 // keepHold keeps the hold of an allowed check of estimate µ over the charges cs, whose costs came
 // from the leases from (nil, or a zero grant: not known) and returns its settle id.
 func (l *Limiter) keepHold(now clock.Nanos, estimate int64, cs []charge, from []grant) uint64 {
-	hd := &hold{n: len(cs), estimate: bucket.Micro(estimate), most: mostSettled(cs)}
+	hd := &hold{n: len(cs), estimate: bucket.Micro(estimate)}
 	for i, ch := range cs {
 		hd.c[i].e = ch.e
 		if from != nil {
@@ -265,18 +277,6 @@ func (l *Limiter) keepHold(now clock.Nanos, estimate int64, cs []charge, from []
 		l.stats.HoldsDropped.Add(uint64(dropped))
 	}
 	return id
-}
-
-// mostSettled is the largest actual cost a settle of these charges may carry: the least of
-// capacity + max_debt over their buckets.
-func mostSettled(cs []charge) bucket.Micro {
-	most := bucket.Micro(-1)
-	for _, ch := range cs {
-		if m := ch.e.lim.Bucket.Capacity() + ch.e.lim.MaxDebt; most < 0 || m < most {
-			most = m
-		}
-	}
-	return most
 }
 
 // SettleResult is what Settle did, in µ.
@@ -463,7 +463,8 @@ func (l *Limiter) validAfter(v *view, q Query) error {
 }
 
 // resolveAfter resolves a cost charged after the fact into res (with a placeholder cost: res.cost
-// is not q's) and returns q's cost in tokens, checked against the buckets it charges.
+// is not q's) and returns q's cost in tokens, checked against the room (settleRoom) of every bucket
+// it charges.
 func (l *Limiter) resolveAfter(v *view, q Query, res *resolved) (int64, error) {
 	cost := q.Cost
 	q.Cost = 1
@@ -473,13 +474,13 @@ func (l *Limiter) resolveAfter(v *view, q Query, res *resolved) (int64, error) {
 	if cost == 0 {
 		cost = v.set.Cost(res.route)
 	}
-	most := res.lim.Bucket.Capacity() + res.lim.MaxDebt
+	most := settleRoom(res.lim)
 	for _, id := range res.route.Charges() {
 		lim, err := v.set.Limits(v.set.RouteByID(id), q.Tenant, l.cfg.Region)
 		if err != nil {
 			return 0, fmt.Errorf("%w: %w", ErrInvalidRoute, err)
 		}
-		most = min(most, lim.Bucket.Capacity()+lim.MaxDebt)
+		most = min(most, settleRoom(lim))
 	}
 	if cost < 1 || cost > int64(most/bucket.PerToken) {
 		return 0, fmt.Errorf("%w: cost %d after the response is not in 1..%d, the capacity plus max_debt of rule %q",
