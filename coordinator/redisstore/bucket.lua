@@ -38,7 +38,7 @@
 -- directly: idiv computes an exact floor. Numbers are written with %d, never tostring's %.14g.
 --
 -- intmath.lua, common.lua and refill.lua, prepended to this script: idiv, ceil_div and int; ARGV
--- 1 and 6..17, now, rec_field, take_share, charge and sweep; added, time_for and refill.
+-- 1 and 6..17, now, rec_field, take_share, charge and sweep; added, time_for, refill and store_bucket.
 
 local capacity = tonumber(ARGV[2])
 local num = tonumber(ARGV[3]) -- refill: num microtokens every den ms; num == 0 never refills
@@ -223,43 +223,21 @@ else
   granted = credit(want, least)
 end
 
--- Expiry: once full (State.TimeToFull) plus the margin, the key is a full bucket again and needs
--- no state. A bucket that is not full and never refills must persist.
-local has_expiry = tokens >= capacity or num > 0
-local fields = {'t', int(tokens), 'l', int(last), 'f', int(frac)}
-local new_expiry = 0
-if has_expiry then
-  local ttf = 0
-  if tokens < capacity then
-    ttf = time_for(lim, capacity - tokens, frac) -- from a debt too: capacity - tokens <= 2*capacity
-  end
-  new_expiry = last + ttf + expiry_margin -- last < 2^52, ttf <= 2^46
-  fields[#fields + 1] = 'x'
-  fields[#fields + 1] = int(new_expiry)
-end
+-- Store (refill.lua): the bucket, its contention field and the record.
+local extra = {}
 if compete_until then
-  fields[#fields + 1] = 'c'
-  fields[#fields + 1] = int(compete_until)
+  extra[#extra + 1] = 'c'
+  extra[#extra + 1] = int(compete_until)
 end
 if rec_field then
-  fields[#fields + 1] = rec_field
+  extra[#extra + 1] = rec_field
   if op == 'take' then
-    fields[#fields + 1] = string.format('%d %d %d %d %d %d %d %d %d', seq, granted, tokens, retry, credited, pace, demand, debited, last)
+    extra[#extra + 1] = string.format('%d %d %d %d %d %d %d %d %d', seq, granted, tokens, retry, credited, pace, demand, debited, last)
   else
-    fields[#fields + 1] = string.format('%d %d %d %d', seq, granted, tokens, last)
+    extra[#extra + 1] = string.format('%d %d %d %d', seq, granted, tokens, last)
   end
 end
-redis.call('HSET', key, unpack(fields))
-if has_expiry then
-  if not injected then
-    redis.call('PEXPIRE', key, int(new_expiry - now)) -- >= expiry_margin: last >= now
-  end
-elseif expiry then
-  redis.call('HDEL', key, 'x')
-  if not injected then
-    redis.call('PERSIST', key)
-  end
-end
+local has_expiry = store_bucket(key, lim, tokens, last, frac, expiry, extra)
 
 -- Sweep (common.lua): besides the records, the key holds t, l, f, and x and c when it has them.
 local fixed = 3

@@ -25,7 +25,8 @@
 -- bucket.lua's header: integers below 2^53, no division but idiv, written with %d.
 --
 -- intmath.lua, common.lua and refill.lua, prepended to this script: idiv, ceil_div and int; ARGV
--- 1 and 6..17, now, rec_field, replay, take_share and sweep; added, time_for and refill.
+-- 1 and 6..17, now, rec_field, replay, take_share and sweep; added, time_for, refill and
+-- store_bucket.
 
 local n = #KEYS
 
@@ -116,40 +117,16 @@ if granted > 0 then
 end
 local remaining = low - granted -- every bucket gave the same grant
 
--- Store: bucket.lua's fields and expiry (once full plus the margin the key is a full bucket
--- again; a bucket that is not full and never refills persists).
+-- Store (refill.lua): every bucket committed, the first with the record.
 local first_expires = false
 for i = 1, commit do
-  local k, s, m = KEYS[i], st[i], lims[i]
-  local has_expiry = s.tokens >= m.capacity or m.num > 0
-  local fields = {'t', int(s.tokens), 'l', int(s.last), 'f', int(s.frac)}
-  local new_expiry = 0
-  if has_expiry then
-    local ttf = 0
-    if s.tokens < m.capacity then
-      ttf = time_for(m, m.capacity - s.tokens, s.frac)
-    end
-    new_expiry = s.last + ttf + expiry_margin -- last < 2^52, ttf <= 2^45
-    fields[#fields + 1] = 'x'
-    fields[#fields + 1] = int(new_expiry)
-    if i == 1 then
-      first_expires = true
-    end
-  end
+  local s, extra = st[i], {}
   if i == 1 and rec_field then
-    fields[#fields + 1] = rec_field
-    fields[#fields + 1] = string.format('%d %d %d %d %d %d', seq, granted, remaining, retry, refused, s.last)
+    extra = {rec_field, string.format('%d %d %d %d %d %d', seq, granted, remaining, retry, refused, s.last)}
   end
-  redis.call('HSET', k, unpack(fields))
-  if has_expiry then
-    if not injected then
-      redis.call('PEXPIRE', k, int(new_expiry - now)) -- >= expiry_margin: last >= now
-    end
-  elseif s.expiry then
-    redis.call('HDEL', k, 'x')
-    if not injected then
-      redis.call('PERSIST', k)
-    end
+  local expires = store_bucket(KEYS[i], lims[i], s.tokens, s.last, s.frac, s.expiry, extra)
+  if i == 1 then
+    first_expires = expires
   end
 end
 

@@ -1,4 +1,4 @@
--- refill.lua: a token bucket's refill arithmetic for a limit m = {capacity, num, den, fill} (the
+-- refill.lua: a token bucket's refill arithmetic, and how it is stored, for a limit m = {capacity, num, den, fill} (the
 -- bucket.Limit: num microtokens every den ms, fill ms for an empty bucket to fill), shared by
 -- bucket.lua and multi.lua. redisstore.go prepends it, after intmath.lua and common.lua. Numbers
 -- follow bucket.lua's header: integers below 2^53, no division but idiv.
@@ -68,4 +68,38 @@ local function refill(m, tokens, last, frac, now)
     return m.capacity, last, 0
   end
   return tokens, last, frac
+end
+
+-- Store a bucket (bucket.lua and multi.lua): its fields t, l, f and, when it expires, x (once
+-- full, State.TimeToFull, plus the margin the key is a full bucket again and needs no state; a
+-- bucket that is not full and never refills must persist), then the fields of extra; the key's
+-- expiry follows (had_expiry: the key held x before). Returns whether the key expires.
+local function store_bucket(key, m, tokens, last, frac, had_expiry, extra)
+  local has_expiry = tokens >= m.capacity or m.num > 0
+  local fields = {'t', int(tokens), 'l', int(last), 'f', int(frac)}
+  local new_expiry = 0
+  if has_expiry then
+    local ttf = 0
+    if tokens < m.capacity then
+      ttf = time_for(m, m.capacity - tokens, frac) -- from a debt too: capacity - tokens <= 2*capacity
+    end
+    new_expiry = last + ttf + expiry_margin -- last < 2^52, ttf <= 2^46
+    fields[#fields + 1] = 'x'
+    fields[#fields + 1] = int(new_expiry)
+  end
+  for i = 1, #extra do
+    fields[#fields + 1] = extra[i]
+  end
+  redis.call('HSET', key, unpack(fields))
+  if has_expiry then
+    if not injected then
+      redis.call('PEXPIRE', key, int(new_expiry - now)) -- >= expiry_margin: last >= now
+    end
+  elseif had_expiry then
+    redis.call('HDEL', key, 'x')
+    if not injected then
+      redis.call('PERSIST', key)
+    end
+  end
+  return has_expiry
 end
