@@ -330,6 +330,7 @@ func (l *Limiter) refund(cs []charge) {
 			l.stats.Refunds.Add(1)
 		} else {
 			l.stats.RefundsLost.Add(1)
+			l.stats.RefundsLostMicro.Add(uint64(ch.cost))
 		}
 		e.unlock()
 	}

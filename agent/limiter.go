@@ -455,7 +455,9 @@ type Stats struct {
 	CreditedMicro  atomic.Uint64 // µ the coordinators credited
 	Refunds        atomic.Uint64 // costs given back to their lease by a check of several buckets that one refused
 	RefundsLost    atomic.Uint64 // of those, costs whose lease was retired meanwhile: they stay spent
-	LostMicro      atomic.Uint64 // µ handed back in calls that failed
+	// RefundsLostMicro is the µ of RefundsLost.
+	RefundsLostMicro atomic.Uint64
+	LostMicro        atomic.Uint64 // µ handed back in calls that failed
 
 	Holds            atomic.Uint64 // checks allowed with Query.Settle, kept for Settle
 	HoldsDropped     atomic.Uint64 // of those, dropped unsettled (past the settle window, or to make room): their estimate stays charged

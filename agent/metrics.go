@@ -227,44 +227,45 @@ var coreDescs = struct {
 	grants, grantedTokens, refillDenials, itemFailures, acquires, resends, returns, returnedTokens,
 	creditedTokens, lostTokens, skippedReturns, skippedTokens, expiries, evictions, degraded, shadow, mismatches,
 	settleHolds, settleDropped, settles, settleCredited, settleUncredited, settleSpent *prometheus.Desc
-	debtTokens, debtCharged, debtForgiven, debtLost, holdsWaiting                   *prometheus.Desc
-	refunds, refundsLost, outstanding, keys, inflight, queuedRefills, queuedReturns *prometheus.Desc
+	debtTokens, debtCharged, debtForgiven, debtLost, holdsWaiting                                      *prometheus.Desc
+	refunds, refundsLost, refundsLostTokens, outstanding, keys, inflight, queuedRefills, queuedReturns *prometheus.Desc
 }{
-	grants:           desc("lease_grants_total", "Leases granted by the coordinators."),
-	grantedTokens:    desc("lease_granted_tokens_total", "Tokens granted in leases."),
-	refillDenials:    desc("refill_denials_total", "Refills denied by the global bucket (the key answers deny locally until the Retry-After)."),
-	itemFailures:     desc("refill_item_failures_total", "Refill items the coordinator could not serve (the store failed for the key, or it did not know the route)."),
-	acquires:         desc("acquire_calls_total", "Acquire calls built (each carries up to 256 keys)."),
-	resends:          desc("acquire_resends_total", "Acquire calls sent again with the seq of a call whose outcome was unknown (timed out, connection lost, store timed out), so the coordinator answers what Redis applied from its record."),
-	returns:          desc("lease_returns_total", "Leases handed back in Return calls (expired, evicted, replaced by a policy change, or at shutdown)."),
-	returnedTokens:   desc("lease_returned_tokens_total", "Unspent tokens handed back in Return calls."),
-	creditedTokens:   desc("lease_credited_tokens_total", "Tokens the coordinators credited back (returned tokens less the refill since their grant, capped at capacity)."),
-	lostTokens:       desc("tokens_lost_total", "Unspent tokens whose Return failed: out of the global bucket until it refills them."),
-	skippedReturns:   desc("lease_skipped_returns_total", "Expired leases not returned because the refill since their grant covers their unspent tokens (a Return would credit nothing)."),
-	skippedTokens:    desc("lease_skipped_tokens_total", "Unspent tokens of the expired leases not returned (lease_skipped_returns_total)."),
-	expiries:         desc("lease_expiries_total", "Leases that expired with tokens left."),
-	evictions:        desc("evictions_total", "Keys evicted from the lease table by its size bound (their leases are returned)."),
-	degraded:         desc("degraded_admissions_total", "Checks allowed by a local emergency bucket while the global state was unreachable."),
-	shadow:           desc("shadow_denials_total", "Checks a shadow rule would have denied (answered allow)."),
-	mismatches:       desc("policy_mismatches_total", "Refills a coordinator refused because it did not know this agent's policy version or a route."),
-	refunds:          desc("charge_refunds_total", "Costs given back to their lease by a check of several buckets that another bucket refused."),
-	refundsLost:      desc("charge_refunds_lost_total", "Of those, costs whose lease was retired in between: they stay spent (never moved into another lease)."),
-	settleHolds:      desc("settle_holds_total", "Checks allowed on an estimate, kept for Settle."),
-	settleDropped:    desc("settle_holds_dropped_total", "Of those, dropped unsettled (past the settle window, or to make room): their estimate stays charged."),
-	settles:          desc("settles_total", "Settle calls applied."),
-	settleCredited:   desc("settle_credited_tokens_total", "Tokens of estimates given back by Settle (per bucket)."),
-	settleUncredited: desc("settle_uncredited_tokens_total", "Tokens of estimates Settle could not give back: no lease held them (lease: off, emergency answers, a lease changed under the check)."),
-	settleSpent:      desc("settle_spent_tokens_total", "Tokens settled beyond estimates and spent from leases (per bucket)."),
-	debtTokens:       desc("debt_tokens_total", "Tokens settled beyond estimates that no lease held: debt sent to the global buckets."),
-	debtCharged:      desc("debt_charged_tokens_total", "Tokens of debt the global buckets were debited."),
-	debtForgiven:     desc("debt_forgiven_tokens_total", "Tokens of debt not debited: the bucket was at its max_debt below zero."),
-	debtLost:         desc("debt_lost_tokens_total", "Tokens of debt never debited: its bucket went with a replaced policy, or its call failed and may have been applied."),
-	holdsWaiting:     desc("settle_holds", "Checks waiting for Settle."),
-	outstanding:      desc("outstanding_lease_tokens", "Tokens this agent holds of the global buckets: unspent leases, and retired leases not yet credited back. At most this is lost if the agent dies."),
-	keys:             desc("keys", "Keys in the lease table."),
-	inflight:         desc("coordinator_calls_in_flight", "Acquire and Return calls in flight."),
-	queuedRefills:    desc("queued_refills", "Keys waiting for a refill call."),
-	queuedReturns:    desc("queued_returns", "Retired leases waiting for a Return call."),
+	grants:            desc("lease_grants_total", "Leases granted by the coordinators."),
+	grantedTokens:     desc("lease_granted_tokens_total", "Tokens granted in leases."),
+	refillDenials:     desc("refill_denials_total", "Refills denied by the global bucket (the key answers deny locally until the Retry-After)."),
+	itemFailures:      desc("refill_item_failures_total", "Refill items the coordinator could not serve (the store failed for the key, or it did not know the route)."),
+	acquires:          desc("acquire_calls_total", "Acquire calls built (each carries up to 256 keys)."),
+	resends:           desc("acquire_resends_total", "Acquire calls sent again with the seq of a call whose outcome was unknown (timed out, connection lost, store timed out), so the coordinator answers what Redis applied from its record."),
+	returns:           desc("lease_returns_total", "Leases handed back in Return calls (expired, evicted, replaced by a policy change, or at shutdown)."),
+	returnedTokens:    desc("lease_returned_tokens_total", "Unspent tokens handed back in Return calls."),
+	creditedTokens:    desc("lease_credited_tokens_total", "Tokens the coordinators credited back (returned tokens less the refill since their grant, capped at capacity)."),
+	lostTokens:        desc("tokens_lost_total", "Unspent tokens whose Return failed: out of the global bucket until it refills them."),
+	skippedReturns:    desc("lease_skipped_returns_total", "Expired leases not returned because the refill since their grant covers their unspent tokens (a Return would credit nothing)."),
+	skippedTokens:     desc("lease_skipped_tokens_total", "Unspent tokens of the expired leases not returned (lease_skipped_returns_total)."),
+	expiries:          desc("lease_expiries_total", "Leases that expired with tokens left."),
+	evictions:         desc("evictions_total", "Keys evicted from the lease table by its size bound (their leases are returned)."),
+	degraded:          desc("degraded_admissions_total", "Checks allowed by a local emergency bucket while the global state was unreachable."),
+	shadow:            desc("shadow_denials_total", "Checks a shadow rule would have denied (answered allow)."),
+	mismatches:        desc("policy_mismatches_total", "Refills a coordinator refused because it did not know this agent's policy version or a route."),
+	refunds:           desc("charge_refunds_total", "Costs given back to their lease by a check of several buckets that another bucket refused."),
+	refundsLost:       desc("charge_refunds_lost_total", "Of those, costs whose lease was retired in between: they stay spent (never moved into another lease)."),
+	refundsLostTokens: desc("charge_refunds_lost_tokens_total", "Tokens of the refunds lost: spent without an admitted check."),
+	settleHolds:       desc("settle_holds_total", "Checks allowed on an estimate, kept for Settle."),
+	settleDropped:     desc("settle_holds_dropped_total", "Of those, dropped unsettled (past the settle window, or to make room): their estimate stays charged."),
+	settles:           desc("settles_total", "Settle calls applied."),
+	settleCredited:    desc("settle_credited_tokens_total", "Tokens of estimates given back by Settle (per bucket)."),
+	settleUncredited:  desc("settle_uncredited_tokens_total", "Tokens of estimates Settle could not give back: no lease held them (lease: off, emergency answers, a lease changed under the check)."),
+	settleSpent:       desc("settle_spent_tokens_total", "Tokens settled beyond estimates and spent from leases (per bucket)."),
+	debtTokens:        desc("debt_tokens_total", "Tokens settled beyond estimates that no lease held: debt sent to the global buckets."),
+	debtCharged:       desc("debt_charged_tokens_total", "Tokens of debt the global buckets were debited."),
+	debtForgiven:      desc("debt_forgiven_tokens_total", "Tokens of debt not debited: the bucket was at its max_debt below zero."),
+	debtLost:          desc("debt_lost_tokens_total", "Tokens of debt never debited: its bucket went with a replaced policy, or its call failed and may have been applied."),
+	holdsWaiting:      desc("settle_holds", "Checks waiting for Settle."),
+	outstanding:       desc("outstanding_lease_tokens", "Tokens this agent holds of the global buckets: unspent leases, and retired leases not yet credited back. At most this is lost if the agent dies."),
+	keys:              desc("keys", "Keys in the lease table."),
+	inflight:          desc("coordinator_calls_in_flight", "Acquire and Return calls in flight."),
+	queuedRefills:     desc("queued_refills", "Keys waiting for a refill call."),
+	queuedReturns:     desc("queued_returns", "Retired leases waiting for a Return call."),
 }
 
 func desc(name, help string) *prometheus.Desc {
@@ -275,7 +276,7 @@ func (c *coreCollector) Describe(ch chan<- *prometheus.Desc) {
 	d := coreDescs
 	for _, x := range []*prometheus.Desc{d.grants, d.grantedTokens, d.refillDenials, d.itemFailures, d.acquires, d.resends,
 		d.returns, d.returnedTokens, d.creditedTokens, d.lostTokens, d.skippedReturns, d.skippedTokens, d.expiries, d.evictions, d.degraded, d.shadow,
-		d.mismatches, d.refunds, d.refundsLost, d.outstanding, d.keys, d.inflight, d.queuedRefills, d.queuedReturns,
+		d.mismatches, d.refunds, d.refundsLost, d.refundsLostTokens, d.outstanding, d.keys, d.inflight, d.queuedRefills, d.queuedReturns,
 		d.settleHolds, d.settleDropped, d.settles, d.settleCredited, d.settleUncredited, d.settleSpent,
 		d.debtTokens, d.debtCharged, d.debtForgiven, d.debtLost, d.holdsWaiting} {
 		ch <- x
@@ -310,6 +311,7 @@ func (c *coreCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(d.mismatches, float64(s.PolicyMismatch.Load()))
 	counter(d.refunds, float64(s.Refunds.Load()))
 	counter(d.refundsLost, float64(s.RefundsLost.Load()))
+	counter(d.refundsLostTokens, tokens(s.RefundsLostMicro.Load()))
 	counter(d.settleHolds, float64(s.Holds.Load()))
 	counter(d.settleDropped, float64(s.HoldsDropped.Load()))
 	counter(d.settles, float64(s.Settles.Load()))

@@ -96,11 +96,13 @@ func TestSettleSeveralBuckets(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.stop(t)
-	if got, want := s.level(t, "/v1/multi", "POST", "acme"), (100-9)*bucket.PerToken; got != want {
-		t.Errorf("first limit holds %d µ, want %d µ", got, want)
-	}
-	if got, want := chargeLevelOf(t, s, "/v1/multi", "POST", "multi#2"), (200-9)*bucket.PerToken; got != want {
-		t.Errorf("second limit holds %d µ, want %d µ", got, want)
+	// Exact, but for what a refund lost (a refill replaced the lease a cost was refunded to, on a
+	// loaded machine: docs/agent.md): those tokens stay spent, counted, in either bucket.
+	first, second := s.level(t, "/v1/multi", "POST", "acme"), chargeLevelOf(t, s, "/v1/multi", "POST", "multi#2")
+	lost := bucket.Micro(s.lim.Stats().RefundsLostMicro.Load())
+	if first > (100-9)*bucket.PerToken || second > (200-9)*bucket.PerToken || (100-9+200-9)*bucket.PerToken-first-second != lost {
+		t.Errorf("the limits hold %d and %d µ, want %d and %d µ less the %d µ of lost refunds",
+			first, second, (100-9)*bucket.PerToken, (200-9)*bucket.PerToken, lost)
 	}
 }
 
