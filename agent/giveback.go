@@ -81,6 +81,23 @@ func (l *Limiter) Forfeits() []Forfeit {
 	return f
 }
 
+// Withheld lists the leases waiting in the lease table to be handed back that no call can carry
+// yet: a key's hand-back waits while its refill or its previous hand-back is out, and goes when
+// that call is answered. After Close, what NextCall no longer returns and Withheld lists is what
+// the calls in flight hold up; the simulator counts it, with Forfeits, as what a crashed agent
+// held. It walks the lease table, closed entries included (not evicted ones).
+func (l *Limiter) Withheld() []Forfeit {
+	var out []Forfeit
+	l.view.Load().table.eachHeld(func(e *entry) {
+		e.mu.Lock()
+		if b := e.s().back; b.amount > 0 && !e.backed {
+			out = append(out, Forfeit{Amount: b.amount, GrantedAt: b.grantedAt, At: b.recvAt, e: e})
+		}
+		e.unlock()
+	})
+	return out
+}
+
 // creditEstimate is the most a coordinator would credit for b now (bucket.State.Return): its
 // tokens less the refill since their grant. The grant was before its answer arrived (recvAt),
 // so the refill since recvAt bounds the decay from below and the estimate errs high: a lease

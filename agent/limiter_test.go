@@ -146,6 +146,13 @@ func TestLeaseCore(t *testing.T) {
 			case "close":
 				l.Close()
 				return "ok"
+			case "withheld":
+				var b strings.Builder
+				for _, f := range l.Withheld() {
+					fmt.Fprintf(&b, "%s unspent=%s granted-at=%d\n", showRef(f.Ref()), tok(int64(f.Amount)), f.GrantedAt)
+				}
+				fmt.Fprintf(&b, "outstanding=%s", tok(int64(l.Outstanding())))
+				return b.String()
 			case "stats":
 				s := l.Stats()
 				refills, returns := l.Pending()

@@ -142,6 +142,19 @@ func (t *table) eachInShard(i int, f func(*entry)) {
 	}
 }
 
+// eachHeld calls f for every entry still in the table, dead ones included: after Close every
+// entry is dead, and some still hold a hand-back.
+func (t *table) eachHeld(f func(*entry)) {
+	for i := range t.shards {
+		sl := t.shards[i].slots.Load()
+		for j := range sl.s {
+			if e := sl.s[j].Load(); e != nil && e != tombstone {
+				f(e)
+			}
+		}
+	}
+}
+
 // len is the number of live entries.
 func (t *table) len() int {
 	n := 0

@@ -489,6 +489,10 @@ func (w *world) autopsy(inc *incarnation, now int64, crashed bool) int64 {
 	for _, f := range inc.lim.Forfeits() {
 		hold(w.keyOf(f.Ref()), int64(f.Amount), int64(f.GrantedAt))
 	}
+	// Hand-backs held up by a call in flight, which a crash never answers.
+	for _, f := range inc.lim.Withheld() {
+		hold(w.keyOf(f.Ref()), int64(f.Amount), int64(f.GrantedAt))
+	}
 	inc.held = held
 	if held != outstanding {
 		w.violate("conservation", inc.id, now, "agent %s holds %s tokens by its own account, %s by what it hands back",
