@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
@@ -131,8 +132,10 @@ type checkStream struct {
 }
 
 func (st *checkStream) receive() error {
+	var dec streamDecoder
 	for {
-		req, err := st.stream.Recv()
+		m := new(emptypb.Empty) // the message, all of it as unknown fields (decodeCheckStream)
+		err := st.stream.RecvMsg(m)
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
@@ -144,7 +147,7 @@ func (st *checkStream) receive() error {
 			st.mu.Unlock()
 			return nil
 		}
-		err = st.handle(req)
+		err = st.handle(&dec, m.ProtoReflect().GetUnknown())
 		st.mu.Unlock()
 		if err != nil {
 			return err
@@ -177,18 +180,22 @@ func (st *checkStream) failure() error {
 
 // handle decides one message: at once when nothing waits, else on a goroutine (at most
 // MaxStreamPending per stream; the loop blocks, and stops reading, while that many wait).
-func (st *checkStream) handle(req *agentv1.CheckStreamRequest) error {
+func (st *checkStream) handle(dec *streamDecoder, msg []byte) error {
 	s := st.s
-	if n := len(req.Checks); n > MaxBatchChecks {
+	id, n, slots, err := dec.decodeCheckStream(msg)
+	switch {
+	case err != nil:
 		s.metrics.invalidRequest()
-		return status.Errorf(codes.InvalidArgument, "agent: message %d has %d checks, at most %d", req.Id, n, MaxBatchChecks)
+		return status.Errorf(codes.InvalidArgument, "agent: a CheckStreamRequest that does not decode: %v", err)
+	case n > MaxBatchChecks:
+		s.metrics.invalidRequest()
+		return status.Errorf(codes.InvalidArgument, "agent: message %d has %d checks, at most %d", id, n, MaxBatchChecks)
 	}
-	s.metrics.batch(apiStream, len(req.Checks))
-	slots := batchSlots(req.Checks)
+	s.metrics.batch(apiStream, n)
 	now := s.now()
 	if !s.startAll(now, slots) {
 		s.recordAll(apiStream, now, slots)
-		return st.answer(req.Id, slots)
+		return st.answer(id, slots)
 	}
 	select {
 	case st.pending <- struct{}{}:
@@ -199,19 +206,27 @@ func (st *checkStream) handle(req *agentv1.CheckStreamRequest) error {
 		defer func() { <-st.pending }()
 		s.settle(st.ctx, slots)
 		s.recordAll(apiStream, now, slots)
-		if err := st.answer(req.Id, slots); err != nil {
+		if err := st.answer(id, slots); err != nil {
 			st.fail(err)
 		}
 	})
 	return nil
 }
 
+// answer sends the answer of message id, encoded by appendStreamAnswer into a buffer of its own:
+// grpc-go allows tracing and stats handlers to keep a sent message.
 func (st *checkStream) answer(id uint64, slots []slot) error {
-	results, errs, err := st.s.answers(slots)
+	b, err := st.s.appendStreamAnswer(make([]byte, 0, 16+len(slots)*streamAnswerBytes), id, slots)
 	if err != nil {
 		return err
 	}
+	resp := &agentv1.CheckStreamResponse{}
+	resp.ProtoReflect().SetUnknown(b)
 	st.sendMu.Lock()
 	defer st.sendMu.Unlock()
-	return st.stream.Send(&agentv1.CheckStreamResponse{Id: id, Results: results, Errors: errs})
+	return st.stream.Send(resp)
 }
+
+// streamAnswerBytes is room for a usual answer and its error string: a decision, the RateLimit
+// fields and a short rule name.
+const streamAnswerBytes = 40

@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/leasebucket/leasebucket/agent"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
@@ -328,6 +330,19 @@ func TestCheckStreamEnds(t *testing.T) {
 	}
 	if _, err := st.Recv(); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "1025 checks") {
 		t.Fatalf("after an oversized message: %v, want INVALID_ARGUMENT", err)
+	}
+
+	// A message that is not a CheckStreamRequest (a tenant of invalid UTF-8, as a client that
+	// does not validate would send it) ends the stream with INVALID_ARGUMENT and why.
+	st, _ = openStream(t, client)
+	check := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "a\xff")
+	raw := &emptypb.Empty{}
+	raw.ProtoReflect().SetUnknown(protowire.AppendBytes(protowire.AppendTag(nil, 2, protowire.BytesType), check))
+	if err := st.SendMsg(raw); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "UTF-8") {
+		t.Fatalf("after a malformed message: %v, want INVALID_ARGUMENT", err)
 	}
 
 	st, _ = openStream(t, client)

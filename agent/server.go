@@ -410,35 +410,54 @@ func invalidCheck(err error) bool {
 		errors.Is(err, ErrInvalidCost) || errors.Is(err, ErrInvalidIdempotencyKey)
 }
 
-// fillResponse writes a verdict in the API's units: whole tokens (rounded down), milliseconds
-// (Retry-After rounded up, so a client that waits that long is not denied again for the rounding).
+// fillResponse writes a verdict in the API's units (answerOf).
 func fillResponse(resp *agentv1.CheckResponse, v Verdict) {
+	a := answerOf(v)
+	resp.Decision, resp.Degraded, resp.RetryAfterMs = a.decision, a.degraded, a.retryAfterMs
+	resp.Remaining, resp.Limit, resp.WindowMs, resp.ResetMs = a.remaining, a.limit, a.windowMs, a.resetMs
+	resp.Rule, resp.ShadowDeny, resp.SettleId = a.rule, a.shadowDeny, a.settleID
+}
+
+// answer is a verdict as a CheckResponse carries it (without replayed, which is the slot's).
+type answer struct {
+	decision                                          agentv1.Decision
+	degraded, shadowDeny                              bool
+	retryAfterMs, remaining, limit, windowMs, resetMs int64
+	rule                                              string
+	settleID                                          uint64
+}
+
+// answerOf is a verdict in the API's units: whole tokens (rounded down), milliseconds
+// (Retry-After rounded up, so a client that waits that long is not denied again for the rounding).
+func answerOf(v Verdict) answer {
+	var a answer
 	switch v.Outcome {
 	case Allow:
-		resp.Decision = agentv1.Decision_DECISION_ALLOW
+		a.decision = agentv1.Decision_DECISION_ALLOW
 	case Deny:
-		resp.Decision = agentv1.Decision_DECISION_DENY
+		a.decision = agentv1.Decision_DECISION_DENY
 	case Unavailable:
-		resp.Decision = agentv1.Decision_DECISION_UNAVAILABLE
+		a.decision = agentv1.Decision_DECISION_UNAVAILABLE
 	}
-	resp.Degraded = v.Degraded
-	resp.SettleId = v.SettleID
-	resp.ShadowDeny = v.ShadowDeny
+	a.degraded = v.Degraded
+	a.settleID = v.SettleID
+	a.shadowDeny = v.ShadowDeny
 	if v.Outcome == Deny || v.Outcome == Unavailable {
-		resp.RetryAfterMs = max(1, int64((v.RetryAfter+time.Millisecond-1)/time.Millisecond))
+		a.retryAfterMs = max(1, int64((v.RetryAfter+time.Millisecond-1)/time.Millisecond))
 	}
 	if v.Rule != nil {
-		resp.Rule = v.Rule.Name
+		a.rule = v.Rule.Name
 	}
 	if v.Limits == nil {
-		return
+		return a
 	}
 	rem := min(max(v.Remaining, 0), v.Limits.Bucket.Capacity())
-	resp.Remaining = int64(rem / bucket.PerToken)
-	resp.Limit = v.Limits.Requests
+	a.remaining = int64(rem / bucket.PerToken)
+	a.limit = v.Limits.Requests
 	now := wallFor(v.Limits)
-	resp.WindowMs = window(v.Limits, now).Milliseconds()
-	resp.ResetMs = resetMs(v.Limits, rem, now)
+	a.windowMs = window(v.Limits, now).Milliseconds()
+	a.resetMs = resetMs(v.Limits, rem, now)
+	return a
 }
 
 // resetMs is how long the bucket of l takes from level to full at its rate, rounded up; 0 if it

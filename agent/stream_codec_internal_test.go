@@ -1,0 +1,192 @@
+package agent
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/policy"
+	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
+)
+
+// TestStreamCodecFields: the codec's field numbers are the generated descriptors'.
+func TestStreamCodecFields(t *testing.T) {
+	req := (&agentv1.CheckStreamRequest{}).ProtoReflect().Descriptor()
+	resp := (&agentv1.CheckStreamResponse{}).ProtoReflect().Descriptor()
+	check := (&agentv1.CheckRequest{}).ProtoReflect().Descriptor()
+	answer := (&agentv1.CheckResponse{}).ProtoReflect().Descriptor()
+	for _, tc := range []struct {
+		d    protoreflect.MessageDescriptor
+		name protoreflect.Name
+		num  protowire.Number
+	}{
+		{req, "id", streamIDField}, {req, "checks", streamChecksField},
+		{resp, "id", streamIDField}, {resp, "results", streamResultsField}, {resp, "errors", streamErrorsField},
+		{check, "tenant", checkTenantField}, {check, "route", checkRouteField}, {check, "operation", checkOperationField},
+		{check, "cost", checkCostField}, {check, "idempotency_key", checkIdemKeyField}, {check, "settle", checkSettleField},
+		{answer, "decision", respDecisionField}, {answer, "degraded", respDegradedField},
+		{answer, "retry_after_ms", respRetryAfterField}, {answer, "remaining", respRemainingField},
+		{answer, "limit", respLimitField}, {answer, "window_ms", respWindowField}, {answer, "reset_ms", respResetField},
+		{answer, "rule", respRuleField}, {answer, "shadow_deny", respShadowDenyField},
+		{answer, "replayed", respReplayedField}, {answer, "settle_id", respSettleIDField},
+	} {
+		if f := tc.d.Fields().ByName(tc.name); f == nil || f.Number() != tc.num {
+			t.Errorf("%s.%s: the codec uses field %d, the descriptor says %v", tc.d.FullName(), tc.name, tc.num, f)
+		}
+	}
+	if n := answer.Fields().Len(); n != respSettleIDField {
+		t.Errorf("CheckResponse has %d fields; appendAnswer writes %d", n, respSettleIDField)
+	}
+	if n := check.Fields().Len(); n != checkSettleField {
+		t.Errorf("CheckRequest has %d fields; decodeCheck reads %d", n, checkSettleField)
+	}
+}
+
+// FuzzDecodeCheckStream: decodeCheckStream accepts exactly the messages proto.Unmarshal accepts
+// as a CheckStreamRequest, and reads the same id, checks and fields.
+func FuzzDecodeCheckStream(f *testing.F) {
+	seed := func(m *agentv1.CheckStreamRequest) {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	seed(&agentv1.CheckStreamRequest{Id: 7, Checks: []*agentv1.CheckRequest{
+		{Tenant: "acme", Route: "/api/orders/1", Operation: "GET", Cost: 3, IdempotencyKey: "k-1", Settle: true},
+		{Tenant: "b", Route: "/api/orders/1", Operation: "GET", Cost: -1},
+		{},
+	}})
+	// A tenant given twice (the last), a cost of the wrong wire type (unknown), invalid UTF-8, a
+	// group, an unknown field.
+	check := protowire.AppendTag(nil, checkTenantField, protowire.BytesType)
+	check = protowire.AppendString(check, "a")
+	check = protowire.AppendTag(check, checkTenantField, protowire.BytesType)
+	check = protowire.AppendString(check, "b")
+	check = protowire.AppendTag(check, checkCostField, protowire.BytesType)
+	check = protowire.AppendString(check, "x")
+	check = protowire.AppendTag(check, 9, protowire.StartGroupType)
+	check = protowire.AppendTag(check, 9, protowire.EndGroupType)
+	check = protowire.AppendTag(check, 12, protowire.Fixed64Type)
+	check = protowire.AppendFixed64(check, 1)
+	msg := protowire.AppendTag(nil, streamChecksField, protowire.BytesType)
+	msg = protowire.AppendBytes(msg, check)
+	msg = protowire.AppendTag(msg, streamIDField, protowire.VarintType)
+	msg = protowire.AppendVarint(msg, 1)
+	msg = protowire.AppendTag(msg, streamIDField, protowire.VarintType)
+	msg = protowire.AppendVarint(msg, 2)
+	f.Add(msg)
+	bad := protowire.AppendTag(nil, checkRouteField, protowire.BytesType)
+	bad = protowire.AppendString(bad, "/\xff")
+	f.Add(protowire.AppendBytes(protowire.AppendTag(nil, streamChecksField, protowire.BytesType), bad))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var want agentv1.CheckStreamRequest
+		werr := proto.Unmarshal(b, &want)
+		var d streamDecoder
+		id, n, slots, gerr := d.decodeCheckStream(b)
+		if (werr == nil) != (gerr == nil) {
+			t.Fatalf("proto.Unmarshal: %v; decodeCheckStream: %v", werr, gerr)
+		}
+		if werr != nil {
+			return
+		}
+		if id != want.Id || n != len(want.Checks) {
+			t.Fatalf("decoded id %d and %d checks, want %d and %d", id, n, want.Id, len(want.Checks))
+		}
+		if n > MaxBatchChecks {
+			if slots != nil {
+				t.Fatalf("%d checks decoded, over the bound", n)
+			}
+			return
+		}
+		for i, c := range want.Checks {
+			q := Query{Tenant: c.Tenant, Path: c.Route, Operation: c.Operation, Cost: c.Cost, Settle: c.Settle}
+			if slots[i].q != q || slots[i].key != c.IdempotencyKey {
+				t.Fatalf("check %d: %+v key %q, want %+v key %q", i, slots[i].q, slots[i].key, q, c.IdempotencyKey)
+			}
+		}
+	})
+}
+
+// TestDecodeCheckStreamInterns: a stream's routes and operations are allocated once, up to
+// maxInterned of them.
+func TestDecodeCheckStreamInterns(t *testing.T) {
+	m := &agentv1.CheckStreamRequest{Id: 1}
+	for range 64 {
+		m.Checks = append(m.Checks, &agentv1.CheckRequest{Route: "/api/orders/1", Operation: "GET"})
+	}
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d streamDecoder
+	if _, _, _, err := d.decodeCheckStream(b); err != nil {
+		t.Fatal(err)
+	}
+	// The slots and nothing else: no route or operation string per check.
+	if n := testing.AllocsPerRun(20, func() { _, _, _, _ = d.decodeCheckStream(b) }); n != 1 {
+		t.Errorf("decoding a message of 64 checks of a known route: %v allocations, want 1 (the slots)", n)
+	}
+	for i := range 2 * maxInterned {
+		d.intern([]byte(strings.Repeat("r", i+1)))
+	}
+	if len(d.interned) != maxInterned {
+		t.Errorf("%d strings interned, want at most %d", len(d.interned), maxInterned)
+	}
+}
+
+// FuzzStreamAnswer: appendStreamAnswer writes the bytes proto.Marshal writes for the message
+// answers builds, for any verdicts, replays and errors.
+func FuzzStreamAnswer(f *testing.F) {
+	f.Add(uint64(7), uint8(1), false, uint64(0), false, int64(0), uint8(3), int64(50), false, uint8(0))
+	f.Add(uint64(0), uint8(2), true, uint64(9), true, int64(1500), uint8(200), int64(-5), true, uint8(1))
+	f.Add(uint64(1<<63), uint8(3), false, uint64(1), false, int64(time.Hour), uint8(0), int64(1<<40), false, uint8(2))
+	lim, err := bucket.NewLimit(100*bucket.PerToken, 10*bucket.PerToken, 1000)
+	if err != nil {
+		f.Fatal(err)
+	}
+	limits := &policy.Limits{Quota: policy.Quota{Requests: 10, Period: time.Second, Burst: 100, Bucket: lim}}
+	s := &Server{}
+	f.Fuzz(func(t *testing.T, id uint64, outcome uint8, degraded bool, settleID uint64, shadow bool,
+		retry int64, ruleLen uint8, remaining int64, replayed bool, errKind uint8) {
+		slots := make([]slot, 3)
+		for i := range slots {
+			v := Verdict{Outcome: Outcome(int(outcome)+i) % 4, Degraded: degraded, SettleID: settleID, ShadowDeny: shadow,
+				RetryAfter: time.Duration(retry), Remaining: bucket.Micro(remaining) * bucket.PerToken}
+			if ruleLen > 0 {
+				v.Rule = &policy.Rule{Name: strings.Repeat("r", int(ruleLen))}
+			}
+			if i != 1 {
+				v.Limits = limits
+			}
+			slots[i] = slot{v: v, replayed: replayed && i == 0}
+		}
+		switch errKind % 3 {
+		case 1:
+			slots[2].err = ErrInvalidTenant
+		case 2:
+			slots[1].err = ErrClosed // the whole message fails
+		}
+		got, gerr := s.appendStreamAnswer(nil, id, slots)
+		results, errs, werr := s.answers(slots)
+		if (gerr == nil) != (werr == nil) {
+			t.Fatalf("appendStreamAnswer: %v; answers: %v", gerr, werr)
+		}
+		if werr != nil {
+			return
+		}
+		want, err := proto.MarshalOptions{Deterministic: true}.Marshal(&agentv1.CheckStreamResponse{Id: id, Results: results, Errors: errs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("appendStreamAnswer wrote\n%x\nproto.Marshal writes\n%x", got, want)
+		}
+	})
+}
