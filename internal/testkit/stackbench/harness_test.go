@@ -161,6 +161,9 @@ func TestHarness(t *testing.T) {
 	if total.Scripts <= 0 || total.RedisCmds < total.Scripts {
 		t.Errorf("Redis counted %v script runs and %v commands on cold keys", total.Scripts, total.RedisCmds)
 	}
+	if calls, ops := after.Calls-before.Calls, after.StoreOps-before.StoreOps; calls <= 0 || calls > ops {
+		t.Errorf("the coordinator counted %v calls carrying %v items", calls, ops)
+	}
 
 	// At rest (the last leases returned), the counts agree exactly: the scripts Redis ran since the
 	// stack started serving are the store operations the coordinator made, and the agent decided

@@ -26,6 +26,7 @@ type Result struct {
 	Scripts   float64 // script runs in Redis (EVALSHA, EVAL, FCALL…)
 	RedisCmds float64 // every command Redis ran, script commands included, the probe's excluded
 	StoreOps  float64 // items of the coordinator's calls
+	Calls     float64 // the coordinator's calls
 	Mallocs   uint64  // heap allocations of this process (the load generator)
 	Bytes     uint64
 }
@@ -69,6 +70,7 @@ func Measure(ctx context.Context, target Target, keys *Keys, load Load, tm Timin
 	res.Scripts = z.Redis.Scripts - a.Redis.Scripts
 	res.RedisCmds = z.Redis.Commands - a.Redis.Commands
 	res.StoreOps = z.StoreOps - a.StoreOps
+	res.Calls = z.Calls - a.Calls
 	res.Mallocs, res.Bytes = z.Mallocs-a.Mallocs, z.Bytes-a.Bytes
 	if res.Checks() == 0 && res.Err != nil {
 		return res, fmt.Errorf("stackbench: no check answered in %v; the first failure: %w", tm.Measure, res.Err)
@@ -139,6 +141,9 @@ func (r *Result) Report(b *testing.B) {
 		b.ReportMetric(r.PerCheck(r.Scripts), "scripts/check")
 		b.ReportMetric(r.PerCheck(r.RedisCmds), "redis-cmds/check")
 		b.ReportMetric(r.PerCheck(r.StoreOps), "store-ops/check")
+		if r.Calls > 0 {
+			b.ReportMetric(r.StoreOps/r.Calls, "items/call")
+		}
 	}
 	if r.API == Stream && r.Messages > 0 {
 		b.ReportMetric(float64(r.MessageChecks)/float64(r.Messages), "checks/msg")

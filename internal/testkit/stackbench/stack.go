@@ -46,6 +46,7 @@ type Sample struct {
 	CPU      [numProcs]time.Duration // utime+stime so far; zero for a process the target lacks
 	Redis    RedisStats
 	StoreOps float64 // items of the coordinator's calls: each is one store operation
+	Calls    float64 // the coordinator's Acquire and Return calls
 	// Mallocs and Bytes are this process's heap allocations so far (runtime.MemStats).
 	Mallocs, Bytes uint64
 }
@@ -118,12 +119,16 @@ func (s *Stack) CoordinatorMetric(ctx context.Context, name string, match ...str
 // before the store (unknown route, malformed) are counted too; a benchmark sends none.
 const storeOpsMetric = "leasebucket_coordinator_items_total"
 
+// callsMetric counts the coordinator's Acquire and Return calls (the batch-size histogram's count).
+const callsMetric = "leasebucket_coordinator_batch_items_count"
+
 // Sample reads the counters of the three processes and this one.
 func (s *Stack) Sample(ctx context.Context, procsFirst bool) (Sample, error) {
 	var out Sample
-	var errs [2]error
+	var errs [3]error
 	others := func() {
 		out.StoreOps, errs[0] = s.CoordinatorMetric(ctx, storeOpsMetric)
+		out.Calls, errs[2] = s.CoordinatorMetric(ctx, callsMetric)
 		out.Redis, errs[1] = s.probe.Stats(ctx)
 	}
 	if !procsFirst {
@@ -133,7 +138,7 @@ func (s *Stack) Sample(ctx context.Context, procsFirst bool) (Sample, error) {
 	if procsFirst {
 		others()
 	}
-	return out, errors.Join(err, errs[0], errs[1])
+	return out, errors.Join(err, errs[0], errs[1], errs[2])
 }
 
 // readProcs reads the CPU time of every process of pids (0: none, except ProcClient: this
