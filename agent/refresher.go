@@ -79,6 +79,7 @@ type Refresher struct {
 	calls  context.Context
 	cancel context.CancelFunc
 	slots  chan struct{} // one token per call in flight
+	work   chan *Call    // calls for the senders, one per slot taken
 	wg     sync.WaitGroup
 
 	returning  atomic.Int64 // µ handed back in calls in flight
@@ -112,6 +113,7 @@ func NewRefresher(cfg RefresherConfig) *Refresher {
 		done:  make(chan struct{}, 1),
 		stop:  make(chan struct{}),
 		slots: make(chan struct{}, cfg.MaxInFlight),
+		work:  make(chan *Call, cfg.MaxInFlight),
 	}
 	if f, ok := cfg.Clock.(interface{ Fresh() clock.Nanos }); ok {
 		r.fresh = f.Fresh
@@ -135,6 +137,11 @@ func (r *Refresher) Start(lim *Limiter) {
 		r.exit.Add(2)
 		go r.run()
 		go r.sweep()
+		// MaxInFlight senders that live as long as the Refresher: a goroutine per call would grow
+		// its stack through gRPC's client on every call (a tenth of a busy agent's CPU).
+		for range r.cfg.MaxInFlight {
+			go r.sender()
+		}
 	})
 }
 
@@ -183,7 +190,17 @@ func (r *Refresher) pump() {
 			<-r.slots
 			return
 		}
-		r.wg.Go(func() { r.send(c); r.release() })
+		r.wg.Add(1)
+		r.work <- c // never blocks: a slot was free, so a sender is
+	}
+}
+
+// sender sends the calls pump hands it until Stop.
+func (r *Refresher) sender() {
+	for c := range r.work {
+		r.send(c)
+		r.release()
+		r.wg.Done()
 	}
 }
 
@@ -266,6 +283,7 @@ func (r *Refresher) shutdown(ctx context.Context) error {
 	r.exit.Wait()
 	r.lim.Close()
 	r.wg.Wait()
+	close(r.work) // nothing pumps once the loops are gone: the senders end
 	lost := r.lim.Stats().LostMicro.Load()
 	var wg sync.WaitGroup
 	for range r.cfg.MaxInFlight {
