@@ -10,6 +10,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 )
 
 // DefaultSocket is where the agent listens unless told otherwise: the node's gateways dial it.
@@ -167,4 +170,21 @@ func (l *UnixListener) close() error {
 	}
 	_ = l.lock.Close() // releases the lock; nothing was written to the file
 	return err
+}
+
+// StreamWorkers is how many long-lived goroutines of the agent's gRPC server handle its calls (a
+// call finds them all busy: a goroutine of its own, as without them).
+const StreamWorkers = 64
+
+// GRPCServerOptions are the options the agent's gRPC server runs with (cmd/agent; the stack
+// benchmark's empty handler uses them too, so it measures the same server).
+func GRPCServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		// Gateways may keep their connections warm with pings (gRPC's default allows one every
+		// five minutes and disconnects clients that ping more often).
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		// A goroutine per call grows its stack through gRPC's server on every call; a worker's
+		// stack stays grown (a tenth of the agent's CPU on unary checks of cold keys).
+		grpc.NumStreamWorkers(StreamWorkers),
+	}
 }

@@ -35,6 +35,10 @@ const (
 	// keepaliveMinTime is the most often an agent may ping an idle connection: agents that keep
 	// their connections warm must not be disconnected for pinging (gRPC's default is 5 minutes).
 	keepaliveMinTime = 10 * time.Second
+
+	// streamWorkers is how many long-lived goroutines handle the coordinator's calls (a call that
+	// finds them all busy gets a goroutine of its own).
+	streamWorkers = 64
 )
 
 // HealthService is the service name whose health the Server reports (as well as the server's
@@ -106,6 +110,9 @@ func NewServer(svc *Service, opts ServerOptions) *Server {
 		grpc.ChainUnaryInterceptor(s.unary),
 		grpc.ChainStreamInterceptor(s.stream),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true}),
+		// Long-lived goroutines handle the calls: a goroutine per call grows its stack through
+		// gRPC's server and the store's client on every call.
+		grpc.NumStreamWorkers(streamWorkers),
 	}
 	if opts.TLS != nil {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(opts.TLS)))

@@ -28,7 +28,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/keepalive"
 
 	"github.com/leasebucket/leasebucket/agent"
 	"github.com/leasebucket/leasebucket/agent/audit"
@@ -307,9 +306,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	srv := agent.NewServer(agent.ServerConfig{Limiter: lim, Clock: clk, MaxWait: cfg.maxWait, Metrics: metrics, Logger: log,
 		IdempotencyWindow: idemWindow, IdempotencyKeys: cfg.idempotencyKeys, Audit: auditQ})
-	// Gateways may keep their connections warm with pings (gRPC's default allows one every five
-	// minutes and disconnects clients that ping more often).
-	g := grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
+	g := grpc.NewServer(agent.GRPCServerOptions()...)
 	hs := srv.Register(g)
 	stopHealth := func() {}
 	if hln != nil {

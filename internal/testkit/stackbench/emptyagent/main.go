@@ -19,12 +19,11 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/keepalive"
 
+	"github.com/leasebucket/leasebucket/agent"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
 
@@ -50,8 +49,8 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	// cmd/agent's server options: keep them in step with it.
-	g := grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
+	g := grpc.NewServer(agent.GRPCServerOptions()...) // cmd/agent's server options
+
 	agentv1.RegisterAgentServiceServer(g, empty{})
 	ratelimitv3.RegisterRateLimitServiceServer(g, emptyRLS{})
 	errc := make(chan error, 1)
