@@ -66,6 +66,7 @@ type entry struct {
 	inflight  bool   // an Acquire for this entry is out
 	backed    bool   // in the Limiter's hand-back queue
 	returning bool   // a hand-back of this key is out in a call: the next waits for its answer (the store would find it stale if it overtook this one)
+	armed     bool   // in its shard's armed list: the expiry sweep visits it (unlock arms it)
 	fail      *fails // nil until a refill of this key fails
 	// links are the entries a check of this key's route charges besides it (charges.go), found
 	// once and kept while they live; nil for most keys.
@@ -144,11 +145,20 @@ func (e *entry) trimLocked() {
 	}
 }
 
-// unlock releases e.mu, first dropping the slow state if it holds nothing.
+// unlock releases e.mu, first dropping the slow state if it holds nothing, and arming the entry
+// for the expiry sweep if it now holds something (every change under the lock ends here).
 func (e *entry) unlock() {
 	e.trimLocked()
+	if !e.armed && e.holdsLocked() && e.view != nil && !e.dead.Load() {
+		e.armed = true
+		e.view.table.arm(e)
+	}
 	e.mu.Unlock()
 }
+
+// holdsLocked reports whether the expiry sweep may have to act on e: it has a lease (expired
+// or not) or slow state (a prefetched lease, a hand-back, waiting checks, a debt). e.mu is held.
+func (e *entry) holdsLocked() bool { return e.slow != nil || e.expires.Load() != 0 }
 
 // wait queues t for the entry's refill. e.mu is held.
 func (e *entry) wait(t *Ticket) {

@@ -142,23 +142,40 @@ func (l *Limiter) evicted(e *entry) {
 // moves on, so successive calls walk the whole table), installs prefetched leases whose current
 // one ran out, and drops the leases waiting to be handed back that the refill since their grant
 // covers. The shell calls it every few milliseconds with a few shards.
+// It visits only the entries that hold something (armed): a table of a million keys, most of
+// them idle, costs the sweep what the keys in play cost.
 func (l *Limiter) Expire(now clock.Nanos, shards int) {
 	v := l.view.Load()
 	n := len(v.table.shards)
 	from := int(l.sweep.Add(int64(shards))) - shards
 	for i := range min(shards, n) {
-		v.table.eachInShard((from+i)%n, func(e *entry) { l.expireEntry(now, e) })
+		v.table.sweepArmed((from+i)%n, func(e *entry) bool { return l.sweepEntry(now, e) })
 	}
+}
+
+// sweepEntry is expireEntry for the sweep: it reports whether e stays armed.
+func (l *Limiter) sweepEntry(now clock.Nanos, e *entry) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock() // not unlock: the sweep keeps the armed flag itself
+	if !e.dead.Load() {
+		l.expireLocked(now, e)
+		e.trimLocked()
+	}
+	e.armed = !e.dead.Load() && e.holdsLocked() // a dead entry's hand-back is queued (retireEntry)
+	return e.armed
 }
 
 // ExpireAll is Expire over the whole table.
 func (l *Limiter) ExpireAll(now clock.Nanos) {
-	l.view.Load().table.each(func(e *entry) { l.expireEntry(now, e) })
+	t := l.view.Load().table
+	for i := range t.shards {
+		t.sweepArmed(i, func(e *entry) bool { return l.sweepEntry(now, e) })
+	}
 }
 
-func (l *Limiter) expireEntry(now clock.Nanos, e *entry) {
-	e.mu.Lock()
-	defer e.unlock()
+// expireLocked retires e's lease if it expired, installs its prefetched lease if the current one
+// ran out, drops or queues its hand-back and sends a debt whose backoff is over. e.mu is held.
+func (l *Limiter) expireLocked(now clock.Nanos, e *entry) {
 	if exp := e.expires.Load(); exp != 0 && int64(now) >= exp {
 		l.expiredLocked(now, e)
 	}

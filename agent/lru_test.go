@@ -4,9 +4,11 @@ import (
 	"runtime"
 	"strconv"
 	"testing"
+	"time"
 	"weak"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/clock"
 )
 
 // TestEvictionHoldsMemoryFlat: unbounded key churn through a bounded table keeps memory bounded.
@@ -38,6 +40,7 @@ func TestEvictionHoldsMemoryFlat(t *testing.T) {
 		t.Fatalf("%d entries after churning %d keys, want the table full at %d", len(full), next, maxKeys)
 	}
 	churn(32 * maxKeys)
+	l.ExpireAll(0) // the sweep, which runs every few ms, forgets the evicted entries it visits
 
 	if l.Keys() > maxKeys {
 		t.Fatalf("%d keys after churning %d, want at most %d", l.Keys(), next, maxKeys)
@@ -86,5 +89,51 @@ func TestTableBoundIsExact(t *testing.T) {
 			t.Errorf("maxKeys %d: %d live entries and %d evictions after %d inserts, want %d and %d",
 				maxKeys, live, evicted, inserts, maxKeys, inserts-maxKeys)
 		}
+	}
+}
+
+// TestSweepVisitsArmed: the expiry sweep walks only the entries that hold something. Keys with a
+// lease are armed; once their leases expired and went back, none is, however many keys the table
+// still holds, and a key that takes a lease again is armed again.
+func TestSweepVisitsArmed(t *testing.T) {
+	l := New(Config{AgentID: "a"}, testSet(t))
+	armed := func() int {
+		n := 0
+		tb := l.view.Load().table
+		for i := range tb.shards {
+			sh := &tb.shards[i]
+			sh.armMu.Lock()
+			n += len(sh.armed)
+			sh.armMu.Unlock()
+		}
+		return n
+	}
+	check := func(now clock.Nanos, tenant string) {
+		t.Helper()
+		if _, err := l.Check(now, Query{Tenant: tenant, Path: "/api/x", Operation: "GET"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const keys = 1000
+	for i := range keys {
+		check(0, "tenant-"+strconv.Itoa(i))
+	}
+	grantAll(t, l, 0, 10*bucket.PerToken)
+	if n := armed(); n != keys {
+		t.Fatalf("%d entries armed with %d leases out", n, keys)
+	}
+	late := clock.Of(time.Hour) // every lease expired, and the refill since covers what it held
+	l.ExpireAll(late)
+	grantAll(t, l, late, 10*bucket.PerToken)
+	if n := armed(); n != 0 || l.Keys() != keys {
+		t.Fatalf("%d of %d entries armed after every lease expired and went back, want none", n, l.Keys())
+	}
+	if o := l.Outstanding(); o != 0 {
+		t.Fatalf("%d µ outstanding", o)
+	}
+	check(late, "tenant-7")
+	grantAll(t, l, late, 10*bucket.PerToken)
+	if n := armed(); n != 1 {
+		t.Fatalf("%d entries armed after one key took a lease again, want 1", n)
 	}
 }

@@ -28,8 +28,8 @@ const (
 
 	// DefaultSweepEvery paces the expiry sweep: DefaultSweepShards of the table's 64 shards every
 	// 25 ms is the whole table every 400 ms, so an idle key's expired lease goes back within about
-	// two of the shortest lease lifetimes, and one tick touches 1/16 of the keys. The sweep runs
-	// on its own goroutine: it never delays a refill.
+	// two of the shortest lease lifetimes, and one tick visits 1/16 of the keys that hold
+	// something (Limiter.Expire). The sweep runs on its own goroutine: it never delays a refill.
 	DefaultSweepEvery = 25 * time.Millisecond
 	// DefaultSweepShards is how many shards one sweep tick walks.
 	DefaultSweepShards = 4

@@ -36,11 +36,17 @@ const (
 type shard struct {
 	mu    sync.Mutex
 	slots atomic.Pointer[slots]
-	live  int      // entries in the table
-	used  int      // live + tombstones
-	limit int      // the shard's share of maxKeys: a full shard evicts before it inserts
-	hand  uint64   // the CLOCK hand: the slot the next eviction looks at first
-	_     [24]byte // keep shards on separate cache lines
+	live  int    // entries in the table
+	used  int    // live + tombstones
+	limit int    // the shard's share of maxKeys: a full shard evicts before it inserts
+	hand  uint64 // the CLOCK hand: the slot the next eviction looks at first
+
+	// armed are the shard's entries that hold something the expiry sweep may have to act on (a
+	// lease, or slow state): the sweep walks them, not every slot. An entry is in it exactly when
+	// its armed flag is set (under its mu); armMu guards the lists.
+	armMu        sync.Mutex
+	armed, spare []*entry
+	_            [24]byte // keep shards on separate cache lines
 }
 
 type slots struct {
@@ -140,6 +146,37 @@ func (t *table) eachInShard(i int, f func(*entry)) {
 			f(e)
 		}
 	}
+}
+
+// arm adds e to its shard's armed entries. e.mu is held and e.armed was false.
+func (t *table) arm(e *entry) {
+	s := t.shardOf(e.hash)
+	s.armMu.Lock()
+	s.armed = append(s.armed, e)
+	s.armMu.Unlock()
+}
+
+// sweepArmed calls f for each armed entry of shard i, with no lock held; f reports whether the
+// entry stays armed (and sets its flag to match, under its mu). Entries armed meanwhile join
+// the list.
+func (t *table) sweepArmed(i int, f func(*entry) bool) {
+	s := &t.shards[i]
+	s.armMu.Lock()
+	list := s.armed
+	s.armed, s.spare = s.spare[:0], nil
+	s.armMu.Unlock()
+	kept := list[:0]
+	for _, e := range list {
+		if f(e) {
+			kept = append(kept, e)
+		}
+	}
+	clear(list[len(kept):])
+	s.armMu.Lock()
+	kept = append(kept, s.armed...)
+	clear(s.armed)
+	s.armed, s.spare = kept, s.armed[:0]
+	s.armMu.Unlock()
 }
 
 // eachHeld calls f for every entry still in the table, dead ones included: after Close every
