@@ -30,8 +30,8 @@ const (
 )
 
 // CheckBatch implements AgentService.CheckBatch: the checks are decided together under one wait
-// bound; results and errors are in request order (errors has one entry per check, "" for none;
-// a check with an error has DECISION_UNSPECIFIED).
+// bound; results and errors are in request order (errors is empty when no check has an error,
+// else it has one entry per check, "" for none; a check with an error has DECISION_UNSPECIFIED).
 func (s *Server) CheckBatch(ctx context.Context, req *agentv1.CheckBatchRequest) (*agentv1.CheckBatchResponse, error) {
 	if n := len(req.Checks); n > MaxBatchChecks {
 		s.metrics.invalidRequest()
@@ -45,6 +45,16 @@ func (s *Server) CheckBatch(ctx context.Context, req *agentv1.CheckBatchRequest)
 		return nil, err
 	}
 	return &agentv1.CheckBatchResponse{Results: results, Errors: errs}, nil
+}
+
+// anyError reports whether a decided slot has an error: only then does an answer list them.
+func anyError(slots []slot) bool {
+	for i := range slots {
+		if slots[i].err != nil {
+			return true
+		}
+	}
+	return false
 }
 
 func batchSlots(checks []*agentv1.CheckRequest) []slot {
@@ -63,7 +73,10 @@ func batchSlots(checks []*agentv1.CheckRequest) []slot {
 func (s *Server) answers(slots []slot) ([]*agentv1.CheckResponse, []string, error) {
 	slab := make([]agentv1.CheckResponse, len(slots))
 	results := make([]*agentv1.CheckResponse, len(slots))
-	errs := make([]string, len(slots))
+	var errs []string // none unless a check has an error
+	if anyError(slots) {
+		errs = make([]string, len(slots))
+	}
 	for i := range slots {
 		sl := &slots[i]
 		r := &slab[i]

@@ -70,6 +70,11 @@ func TestCheckBatch(t *testing.T) {
 	if allowed != 20 {
 		t.Fatalf("%d allowed, want the burst of 20", allowed)
 	}
+	// A batch with no malformed check has no errors list.
+	clean := &agentv1.CheckBatchRequest{Checks: req.Checks[:3]}
+	if resp, err := client.CheckBatch(ctxTimeout(t, 5*time.Second), clean); err != nil || len(resp.Results) != 3 || len(resp.Errors) != 0 {
+		t.Fatalf("batch of 3 well-formed checks = %v, %v; want 3 results and no errors", resp, err)
+	}
 	// An empty batch is answered empty; an oversized one is refused whole.
 	if resp, err := client.CheckBatch(ctxTimeout(t, 5*time.Second), &agentv1.CheckBatchRequest{}); err != nil || len(resp.Results) != 0 {
 		t.Fatalf("empty batch = %v, %v", resp, err)
@@ -116,8 +121,9 @@ func streamMsg(id uint64, n int, tenant, route, op string) *agentv1.CheckStreamR
 	return m
 }
 
-// TestCheckStream: messages are answered by id, one result and one error entry per check;
-// a message that waits for a refill does not hold back the messages after it.
+// TestCheckStream: messages are answered by id, one result per check, and one error entry per
+// check when a check of the message has one (none otherwise); a message that waits for a refill
+// does not hold back the messages after it.
 func TestCheckStream(t *testing.T) {
 	s := newStack(t, parsePolicy(t, benchPolicy), stackOptions{maxWait: 5 * time.Second})
 	client, _, _, _ := s.serve(t)
@@ -127,7 +133,7 @@ func TestCheckStream(t *testing.T) {
 	if err := st.Send(streamMsg(1, 3, "a", "/api/x", "GET")); err != nil {
 		t.Fatal(err)
 	}
-	if resp, err := st.Recv(); err != nil || resp.Id != 1 || len(resp.Results) != 3 || len(resp.Errors) != 3 {
+	if resp, err := st.Recv(); err != nil || resp.Id != 1 || len(resp.Results) != 3 || len(resp.Errors) != 0 {
 		t.Fatalf("first answer = %v, %v", resp, err)
 	}
 	s.warm(t, agent.Query{Tenant: "a", Path: "/api/x", Operation: "GET"})
@@ -154,13 +160,18 @@ func TestCheckStream(t *testing.T) {
 		}
 		order = append(order, resp.Id)
 		want := map[uint64]int{2: 6, 3: 4}[resp.Id]
-		if len(resp.Results) != want || len(resp.Errors) != want {
-			t.Fatalf("message %d: %d results, %d errors; want %d each", resp.Id, len(resp.Results), len(resp.Errors), want)
+		wantErrs := map[uint64]int{2: 6, 3: 0}[resp.Id] // message 3 has no malformed check
+		if len(resp.Results) != want || len(resp.Errors) != wantErrs {
+			t.Fatalf("message %d: %d results, %d errors; want %d and %d", resp.Id, len(resp.Results), len(resp.Errors), want, wantErrs)
 		}
 		for i, r := range resp.Results {
 			bad := resp.Id == 2 && i == 5
-			if bad != (resp.Errors[i] != "") || bad != (r.Decision == agentv1.Decision_DECISION_UNSPECIFIED) {
-				t.Fatalf("message %d check %d: %v %q", resp.Id, i, r, resp.Errors[i])
+			errText := ""
+			if len(resp.Errors) > 0 {
+				errText = resp.Errors[i]
+			}
+			if bad != (errText != "") || bad != (r.Decision == agentv1.Decision_DECISION_UNSPECIFIED) {
+				t.Fatalf("message %d check %d: %v %q", resp.Id, i, r, errText)
 			}
 			if !bad && r.Decision != agentv1.Decision_DECISION_ALLOW {
 				t.Fatalf("message %d check %d: %v", resp.Id, i, r)

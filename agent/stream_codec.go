@@ -153,7 +153,8 @@ func (d *streamDecoder) decodeCheck(b []byte, sl *slot) error {
 }
 
 // appendStreamAnswer appends the CheckStreamResponse of the decided slots of message id to b: a
-// result per slot and an error string per slot ("" for none), as answers builds them. A slot
+// result per slot and, if any slot has an error, an error string per slot ("" for none), as
+// answers builds them. A slot
 // whose error is not one check's (a shutdown, a caller gone away) fails the whole message.
 func (s *Server) appendStreamAnswer(b []byte, id uint64, slots []slot) ([]byte, error) {
 	if id != 0 {
@@ -171,6 +172,9 @@ func (s *Server) appendStreamAnswer(b []byte, id uint64, slots []slot) ([]byte, 
 			continue
 		}
 		b = appendAnswer(b, answerOf(sl.v), sl.replayed)
+	}
+	if !anyError(slots) {
+		return b, nil // no errors list: no check has an error
 	}
 	for i := range slots {
 		var msg string

@@ -352,8 +352,8 @@ type CheckBatchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One result per check, in request order.
 	Results []*CheckResponse `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
-	// Per-check errors (the INVALID_ARGUMENT text) in request order, "" for none; a check with an
-	// error has DECISION_UNSPECIFIED.
+	// Empty when no check has an error; else per-check errors (the INVALID_ARGUMENT text) in
+	// request order, "" for none. A check with an error has DECISION_UNSPECIFIED.
 	Errors        []string `protobuf:"bytes,2,rep,name=errors,proto3" json:"errors,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -457,10 +457,13 @@ func (x *CheckStreamRequest) GetChecks() []*CheckRequest {
 }
 
 type CheckStreamResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	Results       []*CheckResponse       `protobuf:"bytes,2,rep,name=results,proto3" json:"results,omitempty"`
-	Errors        []string               `protobuf:"bytes,3,rep,name=errors,proto3" json:"errors,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// One result per check, in the message's order.
+	Results []*CheckResponse `protobuf:"bytes,2,rep,name=results,proto3" json:"results,omitempty"`
+	// Empty when no check of the message has an error; else one entry per check, in order: "" or
+	// the INVALID_ARGUMENT text of a malformed check (which has DECISION_UNSPECIFIED).
+	Errors        []string `protobuf:"bytes,3,rep,name=errors,proto3" json:"errors,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
