@@ -23,8 +23,11 @@ const (
 	// DefaultMaxInFlight bounds the calls in flight. A refill is sent as soon as it is queued
 	// while a slot is free, so a check on a cold key waits one round trip; refills queued while
 	// every slot is busy join the next call, so a few calls carry any number of keys and a slow
-	// coordinator is not flooded.
-	DefaultMaxInFlight = 16
+	// coordinator is not flooded. Four rather than more: under a busy gateway's cold keys (64
+	// checks outstanding on the stack benchmark) 16 slots sent calls of 2–3 keys, 4 send calls of
+	// 7–8, and each key's call, hop and Redis round trip is what a cold check costs: about a tenth
+	// less CPU per check, at the same latency.
+	DefaultMaxInFlight = 4
 
 	// DefaultSweepEvery paces the expiry sweep: DefaultSweepShards of the table's 64 shards every
 	// 25 ms is the whole table every 400 ms, so an idle key's expired lease goes back within about
@@ -57,9 +60,9 @@ type RefresherConfig struct {
 	Logger       *zap.Logger
 }
 
-// Refresher is the Limiter's shell: one goroutine that sends the calls the Limiter has due (as
+// Refresher is the Limiter's shell: one goroutine that starts the calls the Limiter has due (as
 // soon as Wake says so, while fewer than MaxInFlight are out), one that sweeps expired leases,
-// and one goroutine per call in flight. Create the Limiter, then start a Refresher with it:
+// and MaxInFlight senders. Create the Limiter, then start a Refresher with it:
 //
 //	lim := agent.New(agent.Config{Guard: clock.Guard, ...}, set)
 //	r := agent.NewRefresher(agent.RefresherConfig{Coordinator: c, Clock: clk})
