@@ -18,20 +18,29 @@ func TestQuotaReportFields(t *testing.T) {
 	reports := (&rlqsv3.RateLimitQuotaUsageReports{}).ProtoReflect().Descriptor()
 	usage := (&rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{}).ProtoReflect().Descriptor()
 	id := (&rlqsv3.BucketId{}).ProtoReflect().Descriptor()
-	for _, tc := range []struct {
-		d    protoreflect.MessageDescriptor
-		name protoreflect.Name
-		num  protowire.Number
-	}{
+	checkFieldNumbers(t, "the decoder reads", []fieldNumber{
 		{reports, "domain", reportsDomainField}, {reports, "bucket_quota_usages", reportsUsagesField},
 		{usage, "bucket_id", usageBucketIDField}, {usage, "time_elapsed", usageElapsedField},
 		{usage, "num_requests_allowed", usageAllowedField}, {usage, "num_requests_denied", usageDeniedField},
 		{id, "bucket", bucketIDBucketField},
 		{id.Fields().ByName("bucket").MapKey().ContainingMessage(), "key", mapKeyField},
 		{id.Fields().ByName("bucket").MapKey().ContainingMessage(), "value", mapValueField},
-	} {
+	})
+}
+
+// fieldNumber is a field a hand-written codec reads or writes, by the number it uses.
+type fieldNumber struct {
+	d    protoreflect.MessageDescriptor
+	name protoreflect.Name
+	num  protowire.Number
+}
+
+// checkFieldNumbers: each field's number is the generated descriptor's.
+func checkFieldNumbers(t *testing.T, uses string, fields []fieldNumber) {
+	t.Helper()
+	for _, tc := range fields {
 		if f := tc.d.Fields().ByName(tc.name); f == nil || f.Number() != tc.num {
-			t.Errorf("%s.%s: the decoder reads field %d, the descriptor says %v", tc.d.FullName(), tc.name, tc.num, f)
+			t.Errorf("%s.%s: %s field %d, the descriptor says %v", tc.d.FullName(), tc.name, uses, tc.num, f)
 		}
 	}
 }

@@ -8,7 +8,6 @@ import (
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/policy"
@@ -21,11 +20,7 @@ func TestStreamCodecFields(t *testing.T) {
 	resp := (&agentv1.CheckStreamResponse{}).ProtoReflect().Descriptor()
 	check := (&agentv1.CheckRequest{}).ProtoReflect().Descriptor()
 	answer := (&agentv1.CheckResponse{}).ProtoReflect().Descriptor()
-	for _, tc := range []struct {
-		d    protoreflect.MessageDescriptor
-		name protoreflect.Name
-		num  protowire.Number
-	}{
+	checkFieldNumbers(t, "the codec uses", []fieldNumber{
 		{req, "id", streamIDField}, {req, "checks", streamChecksField},
 		{resp, "id", streamIDField}, {resp, "results", streamResultsField}, {resp, "errors", streamErrorsField},
 		{check, "tenant", checkTenantField}, {check, "route", checkRouteField}, {check, "operation", checkOperationField},
@@ -35,11 +30,7 @@ func TestStreamCodecFields(t *testing.T) {
 		{answer, "limit", respLimitField}, {answer, "window_ms", respWindowField}, {answer, "reset_ms", respResetField},
 		{answer, "rule", respRuleField}, {answer, "shadow_deny", respShadowDenyField},
 		{answer, "replayed", respReplayedField}, {answer, "settle_id", respSettleIDField},
-	} {
-		if f := tc.d.Fields().ByName(tc.name); f == nil || f.Number() != tc.num {
-			t.Errorf("%s.%s: the codec uses field %d, the descriptor says %v", tc.d.FullName(), tc.name, tc.num, f)
-		}
-	}
+	})
 	if n := answer.Fields().Len(); n != respSettleIDField {
 		t.Errorf("CheckResponse has %d fields; appendAnswer writes %d", n, respSettleIDField)
 	}
