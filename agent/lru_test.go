@@ -3,6 +3,8 @@ package agent
 import (
 	"runtime"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"weak"
@@ -135,5 +137,97 @@ func TestSweepVisitsArmed(t *testing.T) {
 	grantAll(t, l, late, 10*bucket.PerToken)
 	if n := armed(); n != 1 {
 		t.Fatalf("%d entries armed after one key took a lease again, want 1", n)
+	}
+}
+
+// TestSweepConcurrent: the sweep runs through the armed lists while checks spend and wait, calls
+// grant short leases and take hand-backs, and keys come and go from the lists; under -race, and
+// at the end every granted token was spent, handed back or given up.
+func TestSweepConcurrent(t *testing.T) {
+	l := New(Config{AgentID: "a"}, testSet(t))
+	var now atomic.Int64
+	var allowed atomic.Int64
+	var returned atomic.Int64
+	stop := make(chan struct{})
+	var bg sync.WaitGroup
+	bg.Go(func() { // the coordinator: leases of 3 tokens that live 5 ms
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			c := l.NextCall(clock.Nanos(now.Load()))
+			if c == nil {
+				runtime.Gosched()
+				continue
+			}
+			returned.Add(c.HandedBack())
+			r := answerAll(c, 3*bucket.PerToken)
+			if r.Acquire != nil {
+				for _, res := range r.Acquire.Results {
+					res.TtlMs = 5
+				}
+			}
+			if err := l.Apply(clock.Nanos(now.Load()), c, r); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	bg.Go(func() { // the sweep, with time moving on
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			now.Add(int64(100 * time.Microsecond))
+			l.Expire(clock.Nanos(now.Load()), DefaultSweepShards)
+		}
+	})
+	var checkers sync.WaitGroup
+	for g := range 4 {
+		checkers.Go(func() {
+			for i := range 2000 {
+				q := Query{Tenant: "tenant-" + strconv.Itoa((g*37+i)%150), Path: "/api/x", Operation: "GET"}
+				for {
+					v, err := l.Check(clock.Nanos(now.Load()), q)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if v.Outcome == Wait {
+						<-v.Ticket.Ready()
+						v = v.Ticket.Verdict()
+					}
+					if v.Outcome == Allow {
+						allowed.Add(1)
+					}
+					if v.Outcome != Wait {
+						break
+					}
+				}
+			}
+		})
+	}
+	checkers.Wait()
+	// Every lease expires; only the sweep visits the idle keys that still hold one.
+	now.Add(int64(time.Second))
+	for deadline := time.Now().Add(5 * time.Second); l.Outstanding() != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d µ still held a second after every lease expired: the sweep missed a key", l.Outstanding())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(stop)
+	bg.Wait()
+	l.Close()
+	_, back := handedBack(t, l, clock.Nanos(now.Load()))
+	s := l.Stats()
+	spent := allowed.Load() * int64(bucket.PerToken)
+	if got := spent + returned.Load() + back + int64(s.SkippedMicro.Load()) + int64(s.LostMicro.Load()); got != int64(s.GrantedMicro.Load()) || got == 0 {
+		t.Fatalf("granted %d µ; spent %d + handed back %d + given up %d + lost %d = %d µ",
+			s.GrantedMicro.Load(), spent, returned.Load()+back, s.SkippedMicro.Load(), s.LostMicro.Load(), got)
 	}
 }
