@@ -141,9 +141,9 @@ func (l *Limiter) evicted(e *entry) {
 // Expire retires the leases that expired by now in the next shards of the lease table (a cursor
 // moves on, so successive calls walk the whole table), installs prefetched leases whose current
 // one ran out, and drops the leases waiting to be handed back that the refill since their grant
-// covers. The shell calls it every few milliseconds with a few shards.
-// It visits only the entries that hold something (armed): a table of a million keys, most of
-// them idle, costs the sweep what the keys in play cost.
+// covers. The shell calls it every few milliseconds with a few shards. It visits only the entries
+// that hold something (armed): a table of a million keys, most of them idle, costs the sweep what
+// the keys in play cost.
 func (l *Limiter) Expire(now clock.Nanos, shards int) {
 	v := l.view.Load()
 	n := len(v.table.shards)
@@ -153,7 +153,7 @@ func (l *Limiter) Expire(now clock.Nanos, shards int) {
 	}
 }
 
-// sweepEntry is expireEntry for the sweep: it reports whether e stays armed.
+// sweepEntry expires what e holds (expireLocked) and reports whether e stays armed.
 func (l *Limiter) sweepEntry(now clock.Nanos, e *entry) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock() // not unlock: the sweep keeps the armed flag itself
@@ -166,12 +166,7 @@ func (l *Limiter) sweepEntry(now clock.Nanos, e *entry) bool {
 }
 
 // ExpireAll is Expire over the whole table.
-func (l *Limiter) ExpireAll(now clock.Nanos) {
-	t := l.view.Load().table
-	for i := range t.shards {
-		t.sweepArmed(i, func(e *entry) bool { return l.sweepEntry(now, e) })
-	}
-}
+func (l *Limiter) ExpireAll(now clock.Nanos) { l.Expire(now, len(l.view.Load().table.shards)) }
 
 // expireLocked retires e's lease if it expired, installs its prefetched lease if the current one
 // ran out, drops or queues its hand-back and sends a debt whose backoff is over. e.mu is held.

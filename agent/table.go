@@ -132,20 +132,11 @@ func (t *table) getOrInsert(h uint64, route uint32, tenant string, make func() *
 
 // each calls f for every live entry, shard by shard, with no lock held during f.
 func (t *table) each(f func(*entry)) {
-	for i := range t.shards {
-		t.eachInShard(i, f)
-	}
-}
-
-func (t *table) eachInShard(i int, f func(*entry)) {
-	// The slot array is immutable once published (growth publishes a new one), so it can be
-	// walked without the lock; entries deleted meanwhile are skipped by their dead flag.
-	sl := t.shards[i].slots.Load()
-	for j := range sl.s {
-		if e := sl.s[j].Load(); e != nil && e != tombstone && !e.dead.Load() {
+	t.eachHeld(func(e *entry) {
+		if !e.dead.Load() { // deleted meanwhile
 			f(e)
 		}
-	}
+	})
 }
 
 // arm adds e to its shard's armed entries. e.mu is held and e.armed was false.
@@ -179,8 +170,9 @@ func (t *table) sweepArmed(i int, f func(*entry) bool) {
 	s.armMu.Unlock()
 }
 
-// eachHeld calls f for every entry still in the table, dead ones included: after Close every
-// entry is dead, and some still hold a hand-back.
+// eachHeld calls f for every entry still in the table, dead ones included (after Close every
+// entry is dead, and some still hold a hand-back). The slot array is immutable once published
+// (growth publishes a new one), so it is walked without the lock.
 func (t *table) eachHeld(f func(*entry)) {
 	for i := range t.shards {
 		sl := t.shards[i].slots.Load()
