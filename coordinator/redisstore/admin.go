@@ -18,7 +18,15 @@ import (
 //go:embed admin.lua
 var adminBody string
 
-var adminLua = intmathLua + adminBody
+// adminLua is admin.lua with refill.lua inserted at its marker (store_bucket needs the clock and
+// the arguments admin.lua reads first), after intmath.lua.
+var adminLua = func() string {
+	head, body, ok := strings.Cut(adminBody, "\n-- refill.lua\n")
+	if !ok {
+		panic("redisstore: admin.lua has no refill.lua marker")
+	}
+	return intmathLua + head + "\n" + refillLua + body
+}()
 
 var adminScript = redis.NewScript(adminLua)
 

@@ -11,7 +11,9 @@
 --          set:     {now, HGETALL before, HGETALL after}
 --
 -- Numbers are IEEE doubles kept integers below 2^53 (bucket.NewLimit's invariants, as in
--- bucket.lua); they are written with %d. intmath.lua, prepended, defines idiv, ceil_div and int.
+-- bucket.lua); they are written with %d. intmath.lua, prepended, defines idiv, ceil_div and int;
+-- refill.lua, inserted at its marker below once the clock and the arguments are read, defines
+-- store_bucket, which stores the level as bucket.lua stores a bucket.
 
 local key = KEYS[1]
 local op = ARGV[1]
@@ -35,14 +37,7 @@ local den = tonumber(ARGV[5])
 local level = tonumber(ARGV[6]) -- 0 <= level <= capacity, checked by the caller
 local expiry_margin = tonumber(ARGV[7])
 
--- ceil(amount * den / num) for 0 <= amount <= capacity, num > 0 (bucket.lua's time_for with no
--- fraction): the ms until amount more microtokens are there.
-local function time_for(amount)
-  local q = idiv(amount, num)
-  local r = amount - q * num -- q*num <= amount
-  return q * den -- q*den <= capacity*den/num <= MaxFill = 2^45
-    + ceil_div(r * den, num) -- r*den < num*den <= 2^53 - 1
-end
+-- refill.lua
 
 local before = redis.call('HGETALL', key)
 local h = redis.call('HMGET', key, 't', 'l', 'x')
@@ -57,28 +52,7 @@ if not tokens or not last or now > last then
   last = now -- the key clock never goes back
 end
 
-local has_expiry = level >= capacity or num > 0
-local fields = {'t', int(level), 'l', int(last), 'f', '0'}
-local new_expiry = 0
-if has_expiry then
-  local ttf = 0
-  if level < capacity then
-    ttf = time_for(capacity - level)
-  end
-  new_expiry = last + ttf + expiry_margin -- last < 2^52, ttf <= 2^45
-  fields[#fields + 1] = 'x'
-  fields[#fields + 1] = int(new_expiry)
-end
-redis.call('HSET', key, unpack(fields))
-if has_expiry then
-  if not injected then
-    redis.call('PEXPIRE', key, int(new_expiry - now)) -- >= expiry_margin: last >= now
-  end
-elseif expiry then
-  redis.call('HDEL', key, 'x')
-  if not injected then
-    redis.call('PERSIST', key)
-  end
-end
+-- The level with no fraction; records and fields this script does not know stay as they are.
+store_bucket(key, {capacity = capacity, num = num, den = den}, level, last, 0, expiry, {})
 
 return {now, before, redis.call('HGETALL', key)}
