@@ -17,8 +17,11 @@
 // hash-max-listpack-entries 128 and hash-max-listpack-value 64, a key of a few agents with short
 // ids stays in the compact listpack encoding (about 200 bytes with one record).
 //
-// A batch is one pipeline: one round trip per Redis node involved (on Cluster, one pipeline per
-// master, run side by side; a master that failed a batch is skipped for NodeCooldown). go-redis may resend a command
+// A batch is one round trip per Redis node involved. On a standalone (or Sentinel) Redis its
+// bucket calls run in batch.lua, up to MaxBatchKeys keys per invocation, which saves Redis one
+// command's reading, dispatch and reply per key (not the script's work on the key). On Cluster, where one script may only touch keys of one slot, each master
+// gets its part as a pipeline of one script per key, run side by side; a master that failed a
+// batch is skipped for NodeCooldown. go-redis may resend a command
 // after a connection error without knowing whether Redis ran it, so a request without an OpID
 // may act twice: a Take charged twice (safe: tokens are lost, never created), a Return credited
 // twice (up to capacity). Requests that carry an OpID are answered from their record instead, so
@@ -79,10 +82,34 @@ var multiLua = intmathLua + commonLua + refillLua + multiBody
 // multiScript runs the takes of several buckets at once (those with Also).
 var multiScript = redis.NewScript(multiLua)
 
+//go:embed batch.lua
+var batchBody string
+
+// batchLua runs several bucket.lua calls in one invocation: bucket.lua as a function of its keys
+// and arguments (intmath.lua stays outside, defined once), then batch.lua's loop over the calls.
+var batchLua = intmathLua + "local function one(KEYS, ARGV)\n" + commonLua + refillLua + bucketBody + "\nend\n" + batchBody
+
+// batchScript runs a standalone Redis's bucket calls of a batch (see send).
+var batchScript = redis.NewScript(batchLua)
+
+// Batching bucket calls into batch.lua.
+const (
+	// bucketArity is how many arguments bucket.lua takes (newCall), batch.lua's ARITY.
+	bucketArity = 21
+	// MaxBatchKeys is the most bucket calls one batch.lua invocation runs: a few hundred
+	// microseconds of Redis time, short enough not to hold up the other clients of the server.
+	MaxBatchKeys = 64
+)
+
 // loadScripts loads the scripts of the kinds named (on Cluster, into every node).
-func loadScripts(ctx context.Context, c redis.Scripter, buckets, counters, multis bool) error {
+func loadScripts(ctx context.Context, c redis.Scripter, buckets, batches, counters, multis bool) error {
 	if buckets {
 		if err := script.Load(ctx, c).Err(); err != nil {
+			return err
+		}
+	}
+	if batches {
+		if err := batchScript.Load(ctx, c).Err(); err != nil {
 			return err
 		}
 	}
@@ -139,7 +166,7 @@ func New(c redis.UniversalClient, opts ...Option) *Store {
 // not pay a NOSCRIPT round trip. Calling it is optional: a batch that meets NOSCRIPT loads the
 // script and resends only the failed commands.
 func (s *Store) Load(ctx context.Context) error {
-	if err := loadScripts(ctx, s.c, true, true, true); err != nil {
+	if err := loadScripts(ctx, s.c, true, true, true, true); err != nil {
 		return fmt.Errorf("redisstore: load scripts: %w", err)
 	}
 	return nil
@@ -156,6 +183,8 @@ type call struct {
 	node string // on Cluster, the address of the key's master ("" if unknown)
 	args []any
 	cmd  *redis.Cmd
+	// batched: sent last in a batch.lua invocation with other bucket calls (send)
+	batched bool
 }
 
 // newCall is the script invocation for request item on key: op and the limit, op's operands
@@ -320,8 +349,8 @@ func (s *Store) now() (any, error) {
 	return int64(now), nil
 }
 
-// exec runs calls in one round trip per node: one command for a single call (cheaper than a
-// pipeline of one), else one pipeline, which go-redis splits by node on Cluster. A NOSCRIPT reply
+// exec runs calls in one round trip per node (send: one command where one suffices, else a
+// pipeline; on Cluster each master its own part, sendByNode). A NOSCRIPT reply
 // (Redis restarted or its script cache flushed) loads the script (into every node on Cluster) and
 // resends only the failed calls (after the others: the calls of a batch are independent, and
 // that once a batch may apply them out of order); steady state costs no extra round trip. exec returns an error
@@ -333,18 +362,19 @@ func (s *Store) exec(ctx context.Context, calls []call) error {
 	only := s.nodes.admit(ctx, calls) // nil: every call
 	s.sendByNode(ctx, calls, only, false)
 	var missing []int
-	var buckets, counters, multis bool // the scripts missing
+	var buckets, batches, counters, multis bool // the scripts missing
 	for i := range calls {
-		if redis.HasErrorPrefix(calls[i].cmd.Err(), "NOSCRIPT") {
+		if c := &calls[i]; redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
 			missing = append(missing, i)
-			counters = counters || calls[i].counter
-			multis = multis || calls[i].also != nil
-			buckets = buckets || !calls[i].counter && calls[i].also == nil
+			counters = counters || c.counter
+			multis = multis || c.also != nil
+			batches = batches || c.batched
+			buckets = buckets || !c.counter && c.also == nil && !c.batched
 		}
 	}
 	if len(missing) > 0 {
 		// If a node cannot load it (a Cluster replica down), send the source instead.
-		loaded := loadScripts(ctx, s.c, buckets, counters, multis) == nil
+		loaded := loadScripts(ctx, s.c, buckets, batches, counters, multis) == nil
 		s.sendByNode(ctx, calls, missing, !loaded)
 	}
 	s.nodes.observe(ctx, calls, only)
@@ -383,7 +413,9 @@ type evaler interface {
 }
 
 // send runs the calls at the indexes only (all calls if only is nil), by digest or, with source,
-// by sending the script itself.
+// by sending the script itself, in one round trip: one command when there is one, else a pipeline.
+// On a standalone Redis the bucket calls go in batch.lua invocations of up to MaxBatchKeys keys
+// (a Cluster script may only touch keys of one slot, and a batch's keys are spread over slots).
 func (s *Store) send(ctx context.Context, calls []call, only []int, source bool) {
 	run := func(e evaler, c *call) {
 		keys := []string{c.key}
@@ -401,25 +433,97 @@ func (s *Store) send(ctx context.Context, calls []call, only []int, source bool)
 			c.cmd = e.EvalSha(ctx, sc.Hash(), keys, c.args...)
 		}
 	}
-	switch {
-	case len(calls) == 1 && only == nil || len(only) == 1:
-		i := 0
-		if only != nil {
-			i = only[0]
+	idx := only
+	if idx == nil {
+		idx = make([]int, len(calls))
+		for i := range idx {
+			idx[i] = i
 		}
-		run(s.c, &calls[i])
-	default:
-		pipe := s.c.Pipeline()
-		if only == nil {
-			for i := range calls {
-				run(pipe, &calls[i])
-			}
+	}
+	var units [][]int // what goes as one command: a call, or a batch of bucket calls
+	if s.nodes == nil {
+		units = batchUnits(calls, idx)
+	} else {
+		units = make([][]int, len(idx))
+		for k := range idx {
+			units[k] = idx[k : k+1]
+		}
+	}
+	var e evaler = s.c
+	var pipe redis.Pipeliner
+	if len(units) > 1 {
+		pipe = s.c.Pipeline()
+		e = pipe
+	}
+	cmds := make([]*redis.Cmd, len(units)) // a batch's command
+	for j, u := range units {
+		if len(u) == 1 {
+			calls[u[0]].batched = false
+			run(e, &calls[u[0]])
+			continue
+		}
+		keys := make([]string, len(u))
+		args := make([]any, 0, len(u)*bucketArity)
+		for k, i := range u {
+			calls[i].batched = true
+			keys[k] = calls[i].key
+			args = append(args, calls[i].args...)
+		}
+		if source {
+			cmds[j] = e.Eval(ctx, batchLua, keys, args...)
 		} else {
-			for _, i := range only {
-				run(pipe, &calls[i])
+			cmds[j] = e.EvalSha(ctx, batchScript.Hash(), keys, args...)
+		}
+	}
+	if pipe != nil {
+		_, _ = pipe.Exec(ctx) // per-command errors are read by the caller
+	}
+	for j, u := range units {
+		if len(u) > 1 {
+			splitBatch(cmds[j], calls, u)
+		}
+	}
+}
+
+// batchUnits splits the calls at idx, in order, into what send sends as one command: a batch of
+// up to MaxBatchKeys consecutive bucket calls for batch.lua, or a call alone (a counter's, a take
+// of several buckets, a bucket call with no other beside it). The order of the calls is kept.
+func batchUnits(calls []call, idx []int) [][]int {
+	units := make([][]int, 0, len(idx))
+	for start := 0; start < len(idx); {
+		end := start + 1
+		if isBucket(&calls[idx[start]]) {
+			for end < len(idx) && end-start < MaxBatchKeys && isBucket(&calls[idx[end]]) {
+				end++
 			}
 		}
-		_, _ = pipe.Exec(ctx) // per-command errors are read by the caller
+		units = append(units, idx[start:end:end])
+		start = end
+	}
+	return units
+}
+
+// isBucket reports whether c is a bucket.lua call.
+func isBucket(c *call) bool { return !c.counter && c.also == nil && len(c.args) == bucketArity }
+
+// splitBatch gives each call of batch b its part of batch.lua's answer cmd: its reply or error, or
+// the whole command's error (NOSCRIPT, a lost connection) when there is no answer.
+func splitBatch(cmd *redis.Cmd, calls []call, b []int) {
+	vals, err := cmd.Slice()
+	if err == nil && len(vals) != len(b) {
+		err = fmt.Errorf("batch script answered %d replies for %d keys", len(vals), len(b))
+	}
+	for k, i := range b {
+		switch {
+		case err != nil:
+			calls[i].cmd = redis.NewCmdResult(nil, err)
+		default:
+			if e, ok := vals[k].(error); ok {
+				calls[i].cmd = redis.NewCmdResult(nil, e)
+			} else {
+				calls[i].cmd = redis.NewCmdResult(vals[k], nil)
+			}
+		}
 	}
 }
 

@@ -3,9 +3,11 @@ package stackbench_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
+	"github.com/leasebucket/leasebucket/coordinator/redisstore"
 	"github.com/leasebucket/leasebucket/internal/lease"
 	"github.com/leasebucket/leasebucket/internal/testkit/proctest"
 	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
@@ -81,12 +83,16 @@ func TestRedisProbe(t *testing.T) {
 	if err := c.Incr(ctx, "n").Err(); err != nil {
 		t.Fatal(err)
 	}
+	if err := c.HSet(ctx, "h", "f", "v").Err(); err != nil {
+		t.Fatal(err)
+	}
 	s2, err := probe.Stats(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := (sb.RedisStats{Commands: s2.Commands - s1.Commands, Scripts: s2.Scripts - s1.Scripts}); d != (sb.RedisStats{Commands: 4, Scripts: 1}) {
-		t.Errorf("EVAL (SET, GET) and INCR counted as %+v, want 4 commands, 1 script", d)
+	d := sb.RedisStats{Commands: s2.Commands - s1.Commands, Scripts: s2.Scripts - s1.Scripts, HSets: s2.HSets - s1.HSets}
+	if d != (sb.RedisStats{Commands: 5, Scripts: 1, HSets: 1}) {
+		t.Errorf("EVAL (SET, GET), INCR and HSET counted as %+v, want 5 commands, 1 script, 1 HSET", d)
 	}
 }
 
@@ -100,8 +106,8 @@ func TestHarness(t *testing.T) {
 	ctx := context.Background()
 	c := sb.Case{Name: "tiny", Keys: sb.Dist{Kind: sb.Uniform, N: 1000}, Limit: sb.TenantLimit, Burst: sb.TenantBurst}
 	stack := sb.StartStack(t, bin, sb.PolicyYAML(c, sb.Lease))
-	// Before any check, the scripts Redis ran that are not store operations: the coordinator
-	// reads the runtime overrides at start.
+	// Before any check: the coordinator has read the runtime overrides (scripts that are not store
+	// operations); counts below are from here.
 	start, err := stack.Sample(ctx, false)
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +116,6 @@ func TestHarness(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := start.Redis.Scripts - startOps
 	keys := c.Keys.New(1)
 	warmed, err := sb.Warm(ctx, stack.Socket(), keys, 0)
 	if err != nil {
@@ -165,25 +170,30 @@ func TestHarness(t *testing.T) {
 		t.Errorf("the coordinator counted %v calls carrying %v items", calls, ops)
 	}
 
-	// At rest (the last leases returned), the counts agree exactly: the scripts Redis ran since the
-	// stack started serving are the store operations the coordinator made, and the agent decided
-	// every check the load counted, plus at most the callers' checks in flight when each run
-	// stopped.
-	proctest.WaitFor(t, 10*time.Second, "Redis' script runs to equal the coordinator's store operations", func() bool {
-		ops, err := stack.CoordinatorMetric(ctx, "leasebucket_coordinator_items_total")
-		if err != nil {
+	// At rest (the last leases returned), the counts agree exactly: each store operation the
+	// coordinator made since the stack started serving is one bucket operation Redis applied (one
+	// HSET each), run in at most as many scripts (a batch's run in one, up to MaxBatchKeys), and
+	// the agent decided every check the load counted, plus at most the callers' checks in flight
+	// when each run stopped.
+	var ops float64
+	var rest sb.Sample
+	proctest.WaitFor(t, 10*time.Second, "Redis' bucket writes to equal the coordinator's store operations", func() bool {
+		var err error
+		if ops, err = stack.CoordinatorMetric(ctx, "leasebucket_coordinator_items_total"); err != nil {
 			t.Fatal(err)
 		}
-		s, err := stack.Sample(ctx, false)
-		if err != nil {
+		if rest, err = stack.Sample(ctx, false); err != nil {
 			t.Fatal(err)
 		}
-		if s.Redis.Scripts-other != ops {
-			t.Logf("Redis ran %v scripts (and %v at start); the coordinator counts %v store operations", s.Redis.Scripts-other, other, ops)
+		if rest.Redis.HSets-start.Redis.HSets != ops-startOps {
+			t.Logf("Redis ran %v HSETs; the coordinator counts %v store operations", rest.Redis.HSets-start.Redis.HSets, ops-startOps)
 			time.Sleep(100 * time.Millisecond)
 		}
-		return s.Redis.Scripts-other == ops
+		return rest.Redis.HSets-start.Redis.HSets == ops-startOps
 	})
+	if scripts, n := rest.Redis.Scripts-start.Redis.Scripts, ops-startOps; scripts > n || scripts < math.Ceil(n/redisstore.MaxBatchKeys) {
+		t.Errorf("Redis ran %v scripts for %v store operations, want between %v and as many", scripts, n, math.Ceil(n/redisstore.MaxBatchKeys))
+	}
 	decided, err := stack.AgentMetric(ctx, "leasebucket_agent_decisions_total")
 	if err != nil {
 		t.Fatal(err)

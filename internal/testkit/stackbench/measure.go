@@ -52,6 +52,9 @@ func ProcCPU(pid int) (time.Duration, error) {
 type RedisStats struct {
 	Commands float64 // every command, those run by scripts included
 	Scripts  float64 // EVAL, EVALSHA, FCALL and their read-only forms: one per script run
+	// HSET calls: bucket.lua runs one for each operation it applies, wherever a batch of them
+	// runs in one script (redisstore's batch.lua)
+	HSets float64
 }
 
 // scriptCommands are the commands that run a script or a function.
@@ -127,6 +130,9 @@ func parseCommandStats(info string) (RedisStats, error) {
 				return RedisStats{}, fmt.Errorf("stackbench: commandstats %q: %w", line, err)
 			}
 			s.Commands += n
+			if cmd == "hset" {
+				s.HSets += n
+			}
 			if scriptCommands[cmd] {
 				s.Scripts += n
 			}
