@@ -3,6 +3,7 @@ package coordinator_test
 import (
 	"context"
 	"fmt"
+	"iter"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -157,50 +158,54 @@ func BenchmarkAcquireMemory(b *testing.B) {
 // used_cpu_sys, every thread), in microseconds: unlike scriptMicros it includes reading, parsing
 // and answering each command, which a script invocation pays once whatever the keys it runs.
 func redisCPUMicros(b *testing.B, c *redis.Client) float64 {
-	info, err := c.Info(context.Background(), "cpu").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
 	var total float64
-	for line := range strings.SplitSeq(info, "\r\n") {
-		name, v, ok := strings.Cut(line, ":")
-		if !ok || (name != "used_cpu_user" && name != "used_cpu_sys") {
-			continue
+	for name, v := range infoFields(b, c, "cpu") {
+		if name == "used_cpu_user" || name == "used_cpu_sys" {
+			total += parseInfoNumber(b, name, v) * 1e6
 		}
-		s, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			b.Fatalf("%s: %v", line, err)
-		}
-		total += s * 1e6
 	}
 	return total
 }
 
 // scriptMicros is the time Redis spent in the bucket script since its last CONFIG RESETSTAT
-// (INFO commandstats), in microseconds: Redis' own CPU cost, which bounds the grants one Redis
-// (or one Cluster shard) serves per second.
+// (INFO commandstats), in microseconds: what the script itself costs Redis per grant.
 func scriptMicros(b *testing.B, c *redis.Client) float64 {
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
 	var total float64
-	for line := range strings.SplitSeq(info, "\r\n") {
-		name, stats, ok := strings.Cut(line, ":")
-		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
+	for name, stats := range infoFields(b, c, "commandstats") {
+		if name != "cmdstat_evalsha" && name != "cmdstat_eval" {
 			continue
 		}
 		for kv := range strings.SplitSeq(stats, ",") {
 			if v, ok := strings.CutPrefix(kv, "usec="); ok {
-				n, err := strconv.ParseFloat(v, 64)
-				if err != nil {
-					b.Fatalf("%s: %v", line, err)
-				}
-				total += n
+				total += parseInfoNumber(b, name, v)
 			}
 		}
 	}
 	return total
+}
+
+// infoFields reads INFO section and yields its "name:value" lines.
+func infoFields(b *testing.B, c *redis.Client, section string) iter.Seq2[string, string] {
+	info, err := c.Info(context.Background(), section).Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return func(yield func(string, string) bool) {
+		for line := range strings.SplitSeq(info, "\r\n") {
+			if name, v, ok := strings.Cut(line, ":"); ok && !yield(name, v) {
+				return
+			}
+		}
+	}
+}
+
+// parseInfoNumber parses the number v of INFO field name.
+func parseInfoNumber(b *testing.B, name, v string) float64 {
+	n, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		b.Fatalf("INFO %s: %v", name, err)
+	}
+	return n
 }
 
 func reportGrants(b *testing.B, grants int64, cpu time.Duration) {
