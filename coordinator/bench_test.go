@@ -67,20 +67,33 @@ func cpuTime(b *testing.B) time.Duration {
 // Redis, with concurrent agents. Metrics: grants/s (key-grants per second), grants/cpu-s
 // (key-grants per second of CPU of this process, which runs the agents' gRPC clients as well:
 // a lower bound of what one coordinator core serves) and round-trips/grant (Redis round trips
-// counted by a go-redis hook). ns/op is per batch.
+// counted by a go-redis hook). ns/op is per batch. batch=100/per-key-scripts runs the batches of
+// 100 with one script per key (redisstore.WithBatchKeys(1)) instead of batch.lua: what running a
+// batch's keys in one script saves Redis.
 func BenchmarkAcquireRedis(b *testing.B) {
 	srv := redistest.Start(b)
 	set := mustPolicy(b, "bench")
 	// seq grows across every run of every sub-benchmark: the agents' names repeat from run to run
 	// (so keys hold a bounded number of idempotency records), and a seq that went back would be stale.
 	var seq atomic.Int64
+	type run struct {
+		name string
+		n    int
+		opts []redisstore.Option
+	}
+	var runs []run
 	for _, n := range batchSizes {
-		b.Run(fmt.Sprintf("batch=%d", n), func(b *testing.B) {
+		runs = append(runs, run{fmt.Sprintf("batch=%d", n), n, nil})
+	}
+	runs = append(runs, run{"batch=100/per-key-scripts", 100, []redisstore.Option{redisstore.WithBatchKeys(1)}})
+	for _, rn := range runs {
+		n := rn.n
+		b.Run(rn.name, func(b *testing.B) {
 			c := redis.NewClient(srv.Options())
 			defer c.Close()
 			trips := &roundTrips{}
 			c.AddHook(trips)
-			store := redisstore.New(c)
+			store := redisstore.New(c, rn.opts...)
 			if err := store.Load(context.Background()); err != nil {
 				b.Fatal(err)
 			}

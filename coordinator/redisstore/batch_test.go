@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -47,7 +48,8 @@ func TestBatchScript(t *testing.T) {
 	if err := s.Load(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
-	l := mustLimit(t, 10*tok, tok, 1000)
+	// A token an hour: the takes of one test see no refill between scripts a millisecond apart.
+	l := mustLimit(t, 10*tok, tok, 3_600_000)
 
 	t.Run("Chunks", func(t *testing.T) {
 		n := 2*redisstore.MaxBatchKeys + 22
@@ -69,6 +71,31 @@ func TestBatchScript(t *testing.T) {
 			}
 			if got, err := rdb.HGet(ctx(t), reqs[i].Key, "t").Int64(); err != nil || got != int64(7*tok) {
 				t.Fatalf("%s holds %d µ (%v), want %d", reqs[i].Key, got, err, 7*tok)
+			}
+		}
+	})
+
+	t.Run("WithBatchKeys", func(t *testing.T) {
+		// The same takes through stores of other batch sizes: as many scripts as the size asks
+		// for, the same answers.
+		for _, tc := range []struct{ keys, scripts int }{{10, 3}, {1, 25}, {0, 25}, {25, 1}} {
+			s := redisstore.New(rdb, redisstore.WithBatchKeys(tc.keys))
+			reqs := make([]coordinator.TakeRequest, 25)
+			for i := range reqs {
+				reqs[i] = coordinator.TakeRequest{Key: fmt.Sprintf("size%d/%d", tc.keys, i), Limit: l, Want: 3 * tok, Min: tok}
+			}
+			before := scriptCalls(t, rdb)
+			res, err := s.Take(ctx(t), reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := scriptCalls(t, rdb) - before; got != tc.scripts {
+				t.Errorf("WithBatchKeys(%d): 25 takes ran %d scripts, want %d", tc.keys, got, tc.scripts)
+			}
+			for i, r := range res {
+				if r.Err != nil || r.Granted != 3*tok || r.Remaining != 7*tok {
+					t.Fatalf("WithBatchKeys(%d), take %d: %+v, want 3 tokens granted and 7 left", tc.keys, i, r)
+				}
 			}
 		}
 	})

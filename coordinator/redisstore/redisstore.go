@@ -96,8 +96,9 @@ var batchScript = redis.NewScript(batchLua)
 const (
 	// bucketArity is how many arguments bucket.lua takes (newCall), batch.lua's ARITY.
 	bucketArity = 21
-	// MaxBatchKeys is the most bucket calls one batch.lua invocation runs: a few hundred
-	// microseconds of Redis time, short enough not to hold up the other clients of the server.
+	// MaxBatchKeys is the most bucket calls one batch.lua invocation runs by default
+	// (WithBatchKeys): about a millisecond of Redis time, short enough not to hold up the other
+	// clients of the server longer than a pipeline of the same calls would.
 	MaxBatchKeys = 64
 )
 
@@ -135,6 +136,9 @@ type Store struct {
 	c     redis.UniversalClient
 	clock func() bucket.Millis // nil: Redis TIME inside the script
 	nodes *breakers            // Cluster only: masters that failed a batch recently
+	// batchKeys: the most bucket calls per batch.lua invocation on a standalone Redis; 1 sends
+	// each call as its own script
+	batchKeys int
 }
 
 // Option configures a Store.
@@ -149,10 +153,18 @@ func WithClock(clock func() bucket.Millis) Option {
 	return func(s *Store) { s.clock = clock }
 }
 
+// WithBatchKeys sets the most bucket calls of a batch one batch.lua invocation runs on a
+// standalone Redis (default MaxBatchKeys); 1 (or less) runs each call as its own script in a
+// pipeline, as on Cluster. The answers are the same either way: it changes only how many
+// commands Redis parses and answers per batch.
+func WithBatchKeys(n int) Option {
+	return func(s *Store) { s.batchKeys = max(n, 1) }
+}
+
 // New returns a Store on c. On a Cluster client the Store skips, for NodeCooldown, the keys of
 // a master whose part of a batch failed without a reply (see breakers).
 func New(c redis.UniversalClient, opts ...Option) *Store {
-	s := &Store{c: c}
+	s := &Store{c: c, batchKeys: MaxBatchKeys}
 	if cc, ok := c.(*redis.ClusterClient); ok {
 		s.nodes = newBreakers(cc, NodeCooldown, time.Now)
 	}
@@ -414,7 +426,7 @@ type evaler interface {
 
 // send runs the calls at the indexes only (all calls if only is nil), by digest or, with source,
 // by sending the script itself, in one round trip: one command when there is one, else a pipeline.
-// On a standalone Redis the bucket calls go in batch.lua invocations of up to MaxBatchKeys keys
+// On a standalone Redis the bucket calls go in batch.lua invocations of up to s.batchKeys keys
 // (a Cluster script may only touch keys of one slot, and a batch's keys are spread over slots).
 func (s *Store) send(ctx context.Context, calls []call, only []int, source bool) {
 	run := func(e evaler, c *call) {
@@ -441,8 +453,8 @@ func (s *Store) send(ctx context.Context, calls []call, only []int, source bool)
 		}
 	}
 	var units [][]int // what goes as one command: a call, or a batch of bucket calls
-	if s.nodes == nil {
-		units = batchUnits(calls, idx)
+	if s.nodes == nil && s.batchKeys > 1 {
+		units = batchUnits(calls, idx, s.batchKeys)
 	} else {
 		units = make([][]int, len(idx))
 		for k := range idx {
@@ -486,14 +498,14 @@ func (s *Store) send(ctx context.Context, calls []call, only []int, source bool)
 }
 
 // batchUnits splits the calls at idx, in order, into what send sends as one command: a batch of
-// up to MaxBatchKeys consecutive bucket calls for batch.lua, or a call alone (a counter's, a take
+// up to most consecutive bucket calls for batch.lua, or a call alone (a counter's, a take
 // of several buckets, a bucket call with no other beside it). The order of the calls is kept.
-func batchUnits(calls []call, idx []int) [][]int {
+func batchUnits(calls []call, idx []int, most int) [][]int {
 	units := make([][]int, 0, len(idx))
 	for start := 0; start < len(idx); {
 		end := start + 1
 		if isBucket(&calls[idx[start]]) {
-			for end < len(idx) && end-start < MaxBatchKeys && isBucket(&calls[idx[end]]) {
+			for end < len(idx) && end-start < most && isBucket(&calls[idx[end]]) {
 				end++
 			}
 		}
