@@ -6,35 +6,22 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/redisstore"
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
+	"github.com/leasebucket/leasebucket/internal/testkit/stackbench"
 )
 
-// scriptCalls is how many EVALSHA and EVAL commands the server has run (INFO commandstats).
-func scriptCalls(t *testing.T, rdb *redis.Client) int {
+// scriptCalls is how many scripts the server has run (INFO commandstats), the probe's own
+// commands aside.
+func scriptCalls(t *testing.T, probe *stackbench.RedisProbe) int {
 	t.Helper()
-	info, err := rdb.Info(ctx(t), "commandstats").Result()
+	st, err := probe.Stats(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	for line := range strings.Lines(info) {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
-		if !ok || name != "cmdstat_evalsha" && name != "cmdstat_eval" {
-			continue
-		}
-		calls, _, _ := strings.Cut(rest, ",")
-		c, err := strconv.Atoi(calls)
-		if err != nil {
-			t.Fatalf("commandstats line %q: %v", line, err)
-		}
-		n += c
-	}
-	return n
+	return int(st.Scripts)
 }
 
 // TestBatchScript: on a standalone Redis the bucket calls of a batch run in batch.lua invocations
@@ -48,6 +35,11 @@ func TestBatchScript(t *testing.T) {
 	if err := s.Load(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
+	probe, _, err := stackbench.NewRedisProbe(ctx(t), srv.Options())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = probe.Close() })
 	// A token an hour: the takes of one test see no refill between scripts a millisecond apart.
 	l := mustLimit(t, 10*tok, tok, 3_600_000)
 
@@ -57,12 +49,12 @@ func TestBatchScript(t *testing.T) {
 		for i := range reqs {
 			reqs[i] = coordinator.TakeRequest{Key: "chunk/" + strconv.Itoa(i), Limit: l, Want: 3 * tok, Min: tok}
 		}
-		before := scriptCalls(t, rdb)
+		before := scriptCalls(t, probe)
 		res, err := s.Take(ctx(t), reqs)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := scriptCalls(t, rdb) - before; got != 3 {
+		if got := scriptCalls(t, probe) - before; got != 3 {
 			t.Errorf("%d takes on distinct keys ran %d scripts, want 3 (%d keys each at most)", n, got, redisstore.MaxBatchKeys)
 		}
 		for i, r := range res {
@@ -84,12 +76,12 @@ func TestBatchScript(t *testing.T) {
 			for i := range reqs {
 				reqs[i] = coordinator.TakeRequest{Key: fmt.Sprintf("size%d/%d", tc.keys, i), Limit: l, Want: 3 * tok, Min: tok}
 			}
-			before := scriptCalls(t, rdb)
+			before := scriptCalls(t, probe)
 			res, err := s.Take(ctx(t), reqs)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := scriptCalls(t, rdb) - before; got != tc.scripts {
+			if got := scriptCalls(t, probe) - before; got != tc.scripts {
 				t.Errorf("WithBatchKeys(%d): 25 takes ran %d scripts, want %d", tc.keys, got, tc.scripts)
 			}
 			for i, r := range res {
@@ -106,12 +98,12 @@ func TestBatchScript(t *testing.T) {
 		take := coordinator.TakeRequest{Key: "order/a", Limit: l, Want: tok, Min: tok}
 		both := take
 		both.Also = []coordinator.Bucket{{Key: "order/b", Limit: l}}
-		before := scriptCalls(t, rdb)
+		before := scriptCalls(t, probe)
 		res, err := s.Take(ctx(t), []coordinator.TakeRequest{take, take, both, take})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := scriptCalls(t, rdb) - before; got != 3 {
+		if got := scriptCalls(t, probe) - before; got != 3 {
 			t.Errorf("ran %d scripts, want 3: a batch of two, the take of both, the last take alone", got)
 		}
 		for i, want := range map[int]bucket.Micro{0: 9, 1: 8, 3: 6} {
@@ -133,12 +125,12 @@ func TestBatchScript(t *testing.T) {
 			{Key: "wrong/type", Limit: l, Want: tok, Min: tok},
 			{Key: "wrong/1", Limit: l, Want: tok, Min: tok},
 		}
-		before := scriptCalls(t, rdb)
+		before := scriptCalls(t, probe)
 		res, err := s.Take(ctx(t), reqs)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := scriptCalls(t, rdb) - before; got != 1 {
+		if got := scriptCalls(t, probe) - before; got != 1 {
 			t.Errorf("ran %d scripts, want 1", got)
 		}
 		if res[1].Err == nil || !strings.Contains(res[1].Err.Error(), "WRONGTYPE") || !strings.Contains(res[1].Err.Error(), `"wrong/type"`) {
@@ -157,12 +149,12 @@ func TestBatchScript(t *testing.T) {
 			{Key: "wrong/0", Limit: l, Amount: tok, GrantedAt: res[0].Now},
 			{Key: "wrong/1", Limit: l, Amount: tok, GrantedAt: res[2].Now},
 		}
-		before = scriptCalls(t, rdb)
+		before = scriptCalls(t, probe)
 		back, err := s.Return(ctx(t), rets)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := scriptCalls(t, rdb) - before; got != 1 {
+		if got := scriptCalls(t, probe) - before; got != 1 {
 			t.Errorf("two returns ran %d scripts, want 1", got)
 		}
 		for i, r := range back {

@@ -92,15 +92,10 @@ var batchLua = intmathLua + "local function one(KEYS, ARGV)\n" + commonLua + ref
 // batchScript runs a standalone Redis's bucket calls of a batch (see send).
 var batchScript = redis.NewScript(batchLua)
 
-// Batching bucket calls into batch.lua.
-const (
-	// bucketArity is how many arguments bucket.lua takes (newCall), batch.lua's ARITY.
-	bucketArity = 21
-	// MaxBatchKeys is the most bucket calls one batch.lua invocation runs by default
-	// (WithBatchKeys): about a millisecond of Redis time, short enough not to hold up the other
-	// clients of the server longer than a pipeline of the same calls would.
-	MaxBatchKeys = 64
-)
+// MaxBatchKeys is the most bucket calls one batch.lua invocation runs by default
+// (WithBatchKeys): about a millisecond of Redis time, short enough not to hold up the other
+// clients of the server longer than a pipeline of the same calls would.
+const MaxBatchKeys = 64
 
 // loadScripts loads the scripts of the kinds named (on Cluster, into every node).
 func loadScripts(ctx context.Context, c redis.Scripter, buckets, batches, counters, multis bool) error {
@@ -381,7 +376,7 @@ func (s *Store) exec(ctx context.Context, calls []call) error {
 			counters = counters || c.counter
 			multis = multis || c.also != nil
 			batches = batches || c.batched
-			buckets = buckets || !c.counter && c.also == nil && !c.batched
+			buckets = buckets || isBucket(c) && !c.batched
 		}
 	}
 	if len(missing) > 0 {
@@ -475,7 +470,7 @@ func (s *Store) send(ctx context.Context, calls []call, only []int, source bool)
 			continue
 		}
 		keys := make([]string, len(u))
-		args := make([]any, 0, len(u)*bucketArity)
+		args := make([]any, 0, len(u)*len(calls[u[0]].args))
 		for k, i := range u {
 			calls[i].batched = true
 			keys[k] = calls[i].key
@@ -516,7 +511,7 @@ func batchUnits(calls []call, idx []int, most int) [][]int {
 }
 
 // isBucket reports whether c is a bucket.lua call.
-func isBucket(c *call) bool { return !c.counter && c.also == nil && len(c.args) == bucketArity }
+func isBucket(c *call) bool { return !c.counter && c.also == nil }
 
 // splitBatch gives each call of batch b its part of batch.lua's answer cmd: its reply or error, or
 // the whole command's error (NOSCRIPT, a lost connection) when there is no answer.
@@ -526,16 +521,15 @@ func splitBatch(cmd *redis.Cmd, calls []call, b []int) {
 		err = fmt.Errorf("batch script answered %d replies for %d keys", len(vals), len(b))
 	}
 	for k, i := range b {
-		switch {
-		case err != nil:
-			calls[i].cmd = redis.NewCmdResult(nil, err)
-		default:
-			if e, ok := vals[k].(error); ok {
-				calls[i].cmd = redis.NewCmdResult(nil, e)
-			} else {
-				calls[i].cmd = redis.NewCmdResult(vals[k], nil)
+		var v any
+		e := err
+		if e == nil {
+			v = vals[k]
+			if re, ok := v.(error); ok { // the key's own error reply
+				v, e = nil, re
 			}
 		}
+		calls[i].cmd = redis.NewCmdResult(v, e)
 	}
 }
 
