@@ -149,6 +149,14 @@ type TakeResult struct {
 
 // ReturnRequest credits back Amount unspent microtokens of a lease granted at GrantedAt
 // (State.Return; Counter.Return with a Period, as in TakeRequest).
+//
+// Also, when set, are the other buckets of a take of several (TakeRequest.Also) whose grant went
+// unspent (a direct check that stopped waiting before its grant came): each bucket is credited by
+// its own State.Return of Amount granted at GrantedAt (its own decay and capacity cap), in one
+// atomic operation. Like the take, it keeps its idempotency record in Key only (the record of a
+// Return, r:<agent>), has no Period, and on Redis Cluster its keys share one slot. Its result's
+// Granted is the sum credited over every bucket (at most bucket.MaxExact, where Lua's doubles stay
+// exact) and its Remaining the least any bucket holds.
 type ReturnRequest struct {
 	Key       string
 	Limit     bucket.Limit
@@ -156,6 +164,7 @@ type ReturnRequest struct {
 	GrantedAt bucket.Millis
 	Period    bucket.Window
 	Op        OpID
+	Also      []Bucket
 }
 
 // ReturnResult is the answer to one ReturnRequest; Granted is the amount credited.
@@ -214,20 +223,27 @@ func (r *TakeRequest) validateAlso() error {
 		return nil
 	}
 	switch {
-	case len(r.Also) > MaxAlso:
-		return fmt.Errorf("%w: key %q takes %d other buckets, at most %d", ErrInvalidRequest, r.Key, len(r.Also), MaxAlso)
 	case r.Share != 0 && r.Share != bucket.WholeShare || r.Credit.Amount != 0 || r.Debt != 0 || r.TTL != 0 || !r.Period.IsZero():
 		// A debt is charged to one bucket, where it was incurred.
 		return fmt.Errorf("%w: key %q takes other buckets: no share, credit, debt, lease lifetime or window", ErrInvalidRequest, r.Key)
 	}
-	for i, b := range r.Also {
+	return validOthers(r.Key, r.Also, "takes")
+}
+
+// validOthers checks the other buckets of an operation on key: at most MaxAlso, distinct keys
+// besides key, each with a limit.
+func validOthers(key string, also []Bucket, verb string) error {
+	if len(also) > MaxAlso {
+		return fmt.Errorf("%w: key %q %s %d other buckets, at most %d", ErrInvalidRequest, key, verb, len(also), MaxAlso)
+	}
+	for i, b := range also {
 		switch {
 		case b.Key == "" || len(b.Key) > MaxKey:
-			return fmt.Errorf("%w: key %q: other bucket %d key length %d not in 1..%d", ErrInvalidRequest, r.Key, i, len(b.Key), MaxKey)
+			return fmt.Errorf("%w: key %q: other bucket %d key length %d not in 1..%d", ErrInvalidRequest, key, i, len(b.Key), MaxKey)
 		case b.Limit.Capacity() < 1:
-			return fmt.Errorf("%w: key %q: other bucket %q has no limit", ErrInvalidRequest, r.Key, b.Key)
-		case b.Key == r.Key || slices.ContainsFunc(r.Also[:i], func(o Bucket) bool { return o.Key == b.Key }):
-			return fmt.Errorf("%w: key %q: bucket %q twice", ErrInvalidRequest, r.Key, b.Key)
+			return fmt.Errorf("%w: key %q: other bucket %q has no limit", ErrInvalidRequest, key, b.Key)
+		case b.Key == key || slices.ContainsFunc(also[:i], func(o Bucket) bool { return o.Key == b.Key }):
+			return fmt.Errorf("%w: key %q: bucket %q twice", ErrInvalidRequest, key, b.Key)
 		}
 	}
 	return nil
@@ -269,6 +285,12 @@ func (r *ReturnRequest) Validate() error {
 		return err
 	}
 	if err := validPeriod(r.Key, r.Limit, r.Period); err != nil {
+		return err
+	}
+	if len(r.Also) > 0 && !r.Period.IsZero() {
+		return fmt.Errorf("%w: key %q returns to other buckets: no window", ErrInvalidRequest, r.Key)
+	}
+	if err := validOthers(r.Key, r.Also, "returns to"); err != nil {
 		return err
 	}
 	return r.Op.validate()

@@ -135,6 +135,7 @@ type diffRun struct {
 	outside  int               // counter operations refused: the clock outside their window
 	indebt   int               // takes that charged a debt and left the key below zero
 	multis   int               // takes of both buckets at once granted
+	giveBack int               // returns to both buckets at once that credited something
 }
 
 // fewAgents is the agent pool of most sequences: replays and stale operations are frequent.
@@ -379,6 +380,12 @@ func (d *diffRun) takes() {
 			}
 		}
 	}
+	d.playTakes(reqs)
+}
+
+// playTakes runs one batch of takes on both stores and compares the answers.
+func (d *diffRun) playTakes(reqs []coordinator.TakeRequest) {
+	d.t.Helper()
 	ctx := context.Background()
 	got, err := d.lua.Take(ctx, reqs)
 	if err != nil {
@@ -444,7 +451,20 @@ func (d *diffRun) returns() {
 		if d.src.n(20) == 0 {
 			reqs[i].Amount = -1 // invalid
 		}
+		if !d.counter[0] && !d.counter[1] && d.src.n(3) == 0 {
+			// The unspent grant of a take of both buckets, handed back to both.
+			reqs[i].Also = []coordinator.Bucket{{Key: d.keys[1-k], Limit: d.limits[1-k]}}
+			if d.src.n(20) == 0 {
+				reqs[i].Also[0].Key = reqs[i].Key // invalid: both stores must reject it
+			}
+		}
 	}
+	d.playReturns(reqs)
+}
+
+// playReturns runs one batch of returns on both stores and compares the answers.
+func (d *diffRun) playReturns(reqs []coordinator.ReturnRequest) {
+	d.t.Helper()
 	ctx := context.Background()
 	got, err := d.lua.Return(ctx, reqs)
 	if err != nil {
@@ -460,6 +480,9 @@ func (d *diffRun) returns() {
 		if (g.Err == nil) != (w.Err == nil) || g.Err == nil && !sameReturn(g, w) {
 			d.fail("at %d: %s = %s on Redis, want %s as memstore", d.now, storetest.ReturnString(r),
 				storetest.ReturnResultString(g), storetest.ReturnResultString(w))
+		}
+		if g.Err == nil && g.Granted > 0 && len(r.Also) > 0 && !g.Replayed {
+			d.giveBack++
 		}
 	}
 }
@@ -563,7 +586,7 @@ func TestDifferential(t *testing.T) {
 	}
 	const workers = 4
 	var next atomic.Int64
-	var paced, counted, resets, outside, indebt, multis atomic.Int64
+	var paced, counted, resets, outside, indebt, multis, giveBack atomic.Int64
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
@@ -582,6 +605,7 @@ func TestDifferential(t *testing.T) {
 				outside.Add(int64(d.outside))
 				indebt.Add(int64(d.indebt))
 				multis.Add(int64(d.multis))
+				giveBack.Add(int64(d.giveBack))
 			}
 		})
 	}
@@ -595,12 +619,15 @@ func TestDifferential(t *testing.T) {
 	if !t.Failed() && multis.Load() == 0 {
 		t.Fatal("no take of both buckets was granted: the test does not reach multi.lua")
 	}
+	if !t.Failed() && giveBack.Load() == 0 {
+		t.Fatal("no return to both buckets credited anything: the test does not reach multi.lua's return")
+	}
 	if !t.Failed() && (counted.Load() == 0 || resets.Load() == 0 || outside.Load() == 0) {
 		t.Fatalf("counters: %d takes granted, %d denied until a period ends, %d outside their window; the test must reach all three",
 			counted.Load(), resets.Load(), outside.Load())
 	}
-	t.Logf("%d debts below zero; %d contended takes; counters: %d takes granted, %d denied until a period ends, %d outside their window",
-		indebt.Load(), paced.Load(), counted.Load(), resets.Load(), outside.Load())
+	t.Logf("%d takes of both buckets granted, %d returns to both credited; %d debts below zero; %d contended takes; counters: %d takes granted, %d denied until a period ends, %d outside their window",
+		multis.Load(), giveBack.Load(), indebt.Load(), paced.Load(), counted.Load(), resets.Load(), outside.Load())
 }
 
 // TestDifferentialCrowded plays sequences where hundreds of agents use the same keys, so that
@@ -620,6 +647,52 @@ func TestDifferentialCrowded(t *testing.T) {
 		t.Fatal("no sequence swept records: the test does not reach the sweep")
 	}
 	t.Logf("%d sweeps observed", sweeps)
+}
+
+// TestDifferentialOthersExpired: a repeated or stale operation on several buckets is answered from
+// its record in the first and reads no other: another bucket past its logical expiry stays as
+// stored in both stores (multi.lua answers before it reads the others), until an operation that
+// reads it finds it expired.
+func TestDifferentialOthersExpired(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	d := &diffRun{t: t, rdb: rdb, now: 1_700_000_000_000}
+	clock := func() bucket.Millis { return d.now }
+	d.lua = redisstore.New(rdb, redisstore.WithClock(clock))
+	d.mem = memstore.New(memstore.WithClock(clock))
+	slow := mustNewLimit(10*tok, tok, 1000) // 10 s from empty to full
+	fast := mustNewLimit(10*tok, tok, 10)   // 100 ms
+	d.keys, d.limits = [2]string{"exp/a", "exp/b"}, [2]bucket.Limit{slow, fast}
+	also := []coordinator.Bucket{{Key: "exp/b", Limit: fast}}
+	op := func(seq uint64) coordinator.OpID { return coordinator.OpID{Agent: "ag", Seq: seq} }
+	take := coordinator.TakeRequest{Key: "exp/a", Limit: slow, Want: 5 * tok, Min: 5 * tok, Op: op(2), Also: also}
+	back := coordinator.ReturnRequest{Key: "exp/a", Limit: slow, Amount: tok, GrantedAt: d.now, Op: op(2), Also: also}
+	d.playTakes([]coordinator.TakeRequest{take})
+	d.playReturns([]coordinator.ReturnRequest{back})
+	b, ok := d.mem.Lookup("exp/b")
+	if a, _ := d.mem.Lookup("exp/a"); !ok || !b.Expires || !a.Expires || a.Expiry <= b.Expiry {
+		t.Fatalf("exp/b must expire before exp/a: %+v, %+v", b, a)
+	}
+	d.now = b.Expiry
+	d.logf("clock = %d (exp/b's expiry)", d.now)
+	// Repeats, then older operations: answered from exp/a alone.
+	d.playTakes([]coordinator.TakeRequest{take})
+	d.playReturns([]coordinator.ReturnRequest{back})
+	take.Op, back.Op = op(1), op(1)
+	d.playTakes([]coordinator.TakeRequest{take})
+	d.playReturns([]coordinator.ReturnRequest{back})
+	if _, ok := d.mem.Lookup("exp/b"); !ok {
+		d.fail("memstore dropped exp/b on a repeat or a stale operation that does not read it")
+	}
+	for i, key := range d.keys {
+		d.compareState(key, d.limits[i])
+	}
+	// A new return reads exp/b: expired, a full bucket with no state, in both.
+	back.Op = op(3)
+	d.playReturns([]coordinator.ReturnRequest{back})
+	for i, key := range d.keys {
+		d.compareState(key, d.limits[i])
+	}
 }
 
 // FuzzDifferential decodes a sequence of operations from the input and plays it on both stores.

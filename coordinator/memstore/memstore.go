@@ -143,6 +143,10 @@ func (s *Store) Return(ctx context.Context, reqs []coordinator.ReturnRequest) ([
 			res[i].Err = fmt.Errorf("memstore: return: %w", err)
 			continue
 		}
+		if len(r.Also) > 0 {
+			res[i] = s.returnAll(r, now)
+			continue
+		}
 		sh := s.shard(r.Key)
 		sh.mu.Lock()
 		res[i] = sh.ret(r, now)

@@ -20,37 +20,13 @@ type multiRecord struct {
 }
 
 // takeAll is take for a request with Also: every bucket is charged the same grant or none is,
-// under the locks of every shard involved (taken in shard order, so two such takes never
-// deadlock). It follows multi.lua: a denial stores only the first bucket's refilled state and the
-// record, a grant stores every bucket.
+// under the locks of every shard involved (lockAll). It follows multi.lua: a denial stores only the
+// first bucket's refilled state and the record, a grant stores every bucket.
 func (s *Store) takeAll(r *coordinator.TakeRequest, now bucket.Millis) coordinator.TakeResult {
-	keys := make([]string, 0, 1+len(r.Also))
-	limits := make([]bucket.Limit, 0, 1+len(r.Also))
-	keys, limits = append(keys, r.Key), append(limits, r.Limit)
-	for _, b := range r.Also {
-		keys, limits = append(keys, b.Key), append(limits, b.Limit)
-	}
-	var idx []int
-	for _, k := range keys {
-		if i := s.shardIndex(k); !slices.Contains(idx, i) {
-			idx = append(idx, i)
-		}
-	}
-	slices.Sort(idx)
-	for _, i := range idx {
-		s.shards[i].mu.Lock()
-	}
-	defer func() {
-		for _, i := range idx {
-			s.shards[i].mu.Unlock()
-		}
-	}()
+	keys, limits := buckets(r.Key, r.Limit, r.Also)
+	defer s.lockAll(keys)()
 
-	entries := make([]*entry, len(keys))
-	for i, k := range keys {
-		entries[i] = s.shard(k).live(k, now)
-	}
-	first := entries[0]
+	first := s.shard(r.Key).live(r.Key, now)
 	if first != nil && r.Op.Agent != "" {
 		if rec, ok := first.multis[r.Op.Agent]; ok {
 			switch {
@@ -66,6 +42,9 @@ func (s *Store) takeAll(r *coordinator.TakeRequest, now bucket.Millis) coordinat
 			}
 		}
 	}
+	// The other buckets only now: a repeat or a stale take leaves them as they are, even expired
+	// (multi.lua reads them after the record).
+	entries := s.liveAll(first, keys, now)
 	// Refill every bucket (on copies) and see which cannot cover Min.
 	states := make([]bucket.State, len(keys))
 	res := bucket.Result{Granted: r.Want}
@@ -117,6 +96,94 @@ func (s *Store) takeAll(r *coordinator.TakeRequest, now bucket.Millis) coordinat
 		e.sweepRecords()
 	}
 	return coordinator.TakeResult{Result: res, Now: e.state.Last, Refused: refused}
+}
+
+// returnAll is ret for a request with Also: every bucket is credited by its own State.Return of
+// the amount, under the locks of every shard involved (lockAll), and the agent's ordinary Return
+// record is kept in the first. It follows multi.lua's 'return': Granted is the sum of the credits
+// (at most bucket.MaxExact, where the script's doubles stop being exact), Remaining the least any
+// bucket holds after them, Now the first bucket's clock.
+func (s *Store) returnAll(r *coordinator.ReturnRequest, now bucket.Millis) coordinator.ReturnResult {
+	keys, limits := buckets(r.Key, r.Limit, r.Also)
+	defer s.lockAll(keys)()
+
+	first := s.shard(r.Key).live(r.Key, now)
+	idem := r.Op.Agent != ""
+	if first != nil && idem {
+		if rec, ok := first.returns[r.Op.Agent]; ok {
+			switch {
+			case rec.Seq == r.Op.Seq:
+				return coordinator.ReturnResult{
+					Result:   bucket.Result{Granted: rec.Credited, Remaining: rec.Remaining},
+					Now:      rec.Now,
+					Replayed: true,
+				}
+			case rec.Seq > r.Op.Seq:
+				return coordinator.ReturnResult{Result: bucket.Result{Remaining: first.state.Tokens}, Now: first.state.Last, Stale: true}
+			}
+		}
+	}
+	entries := s.liveAll(first, keys, now)
+	var res bucket.Result
+	for i, e := range entries {
+		if e == nil {
+			e = s.shard(keys[i]).create(keys[i], limits[i], now)
+			entries[i] = e
+		}
+		c := e.state.Return(limits[i], now, r.Amount, r.GrantedAt)
+		res.Granted = min(res.Granted+c.Granted, bucket.MaxExact) // each credit < 2^52: no overflow
+		if i == 0 || c.Remaining < res.Remaining {
+			res.Remaining = c.Remaining
+		}
+		e.setExpiry(limits[i])
+	}
+	first = entries[0]
+	if idem {
+		first.recordReturn(r.Op, returnRecord{Seq: r.Op.Seq, Credited: res.Granted, Remaining: res.Remaining, Now: first.state.Last})
+	}
+	return coordinator.ReturnResult{Result: res, Now: first.state.Last}
+}
+
+// buckets are the keys and limits of an operation on key and also, key first.
+func buckets(key string, l bucket.Limit, also []coordinator.Bucket) ([]string, []bucket.Limit) {
+	keys := make([]string, 0, 1+len(also))
+	limits := make([]bucket.Limit, 0, 1+len(also))
+	keys, limits = append(keys, key), append(limits, l)
+	for _, b := range also {
+		keys, limits = append(keys, b.Key), append(limits, b.Limit)
+	}
+	return keys, limits
+}
+
+// lockAll locks the shards of keys, each once, in shard order, so that two operations on several
+// buckets never deadlock, and returns the function that unlocks them.
+func (s *Store) lockAll(keys []string) (unlock func()) {
+	var idx []int
+	for _, k := range keys {
+		if i := s.shardIndex(k); !slices.Contains(idx, i) {
+			idx = append(idx, i)
+		}
+	}
+	slices.Sort(idx)
+	for _, i := range idx {
+		s.shards[i].mu.Lock()
+	}
+	return func() {
+		for _, i := range idx {
+			s.shards[i].mu.Unlock()
+		}
+	}
+}
+
+// liveAll returns the entries of keys, first (keys[0]'s, already looked up) and then each other
+// key's, dropping those expired by now. Caller holds every shard's lock (lockAll).
+func (s *Store) liveAll(first *entry, keys []string, now bucket.Millis) []*entry {
+	entries := make([]*entry, len(keys))
+	entries[0] = first
+	for i := 1; i < len(keys); i++ {
+		entries[i] = s.shard(keys[i]).live(keys[i], now)
+	}
+	return entries
 }
 
 // longer reports whether retry a is longer than b (bucket.Never is the longest).

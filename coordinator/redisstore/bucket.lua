@@ -38,7 +38,8 @@
 -- directly: idiv computes an exact floor. Numbers are written with %d, never tostring's %.14g.
 --
 -- intmath.lua, common.lua and refill.lua, prepended to this script: idiv, ceil_div and int; ARGV
--- 1 and 6..17, now, rec_field, take_share, charge and sweep; added, time_for, refill and store_bucket.
+-- 1 and 6..17, now, rec_field, take_share, charge and sweep; added, time_for, credit (State.Return),
+-- refill and store_bucket.
 
 local capacity = tonumber(ARGV[2])
 local num = tonumber(ARGV[3]) -- refill: num microtokens every den ms; num == 0 never refills
@@ -51,16 +52,8 @@ local max_debt = tonumber(ARGV[21]) -- take: how far below zero the debt may go,
 local FRESH = 2 -- lease.FreshLeases
 local MAX_SHARE_DEMAND = 8796093022208 -- lease.MaxShareDemand, 2^43
 
--- The limit, for refill.lua's added, time_for and refill.
+-- The limit, for refill.lua's added, time_for, credit and refill.
 local lim = {capacity = capacity, num = num, den = den, fill = fill}
-
--- ceil(age * num / den) for 0 < age < fill (Limit.timeDecay).
-local function time_decay(age)
-  local q = idiv(age, den)
-  local r = age - q * den -- q*den <= age
-  return q * num -- q*num <= age*num/den < capacity + num <= 2^53 - 1
-    + ceil_div(r * num, den) -- r*num < den*num <= 2^53 - 1
-end
 
 local h = redis.call('HMGET', key, 't', 'l', 'x', 'f', 'c', rec_field or 't')
 local tokens, last, expiry, frac = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4]) or 0
@@ -90,26 +83,6 @@ end
 -- State.Refill (refill.lua), from a debt too.
 tokens, last, frac = refill(lim, tokens, last, frac, now)
 
--- State.Return: no lease exceeds the capacity, so neither does the credit; it decays by the
--- refill since the grant, rounded up, and is capped at what the bucket can hold.
-local function credit(amount, granted_at)
-  local c = math.min(amount, capacity)
-  local age = last - granted_at
-  if age > 0 and num > 0 then
-    if age >= fill then
-      c = 0
-    else
-      c = c - time_decay(age)
-    end
-  end
-  c = math.max(0, math.min(c, capacity - tokens))
-  tokens = tokens + c
-  if tokens == capacity then
-    frac = 0
-  end
-  return c
-end
-
 -- What an empty bucket refills in ms (Limit.Refilled): whole microtokens, at most the capacity.
 local function refilled(ms)
   if ms <= 0 or num == 0 then
@@ -132,7 +105,8 @@ local longest = ttl - idiv(ttl * 250, 1000)
 local granted, retry, credited, pace, debited = 0, 0, 0, 0, 0
 if op == 'take' then
   if ret_amount > 0 then
-    credited = credit(ret_amount, ret_granted_at)
+    -- State.Return (refill.lua), before the debt and the take
+    credited, tokens, frac = credit(lim, tokens, last, frac, ret_amount, ret_granted_at)
   end
   -- State.Charge (common.lua): the debt, after the credit and before the take
   if debt > 0 then
@@ -220,7 +194,8 @@ if op == 'take' then
     end
   end
 else
-  granted = credit(want, least)
+  -- State.Return (refill.lua): want is the amount returned, least the lease's grant time
+  granted, tokens, frac = credit(lim, tokens, last, frac, want, least)
 end
 
 -- Store (refill.lua): the bucket, its contention field and the record.

@@ -41,6 +41,7 @@ if agent ~= '' then
   if op == 'multi' then
     rec_field = 'm:' .. agent -- multi.lua: a take of several buckets, recorded in the first
   else
+    -- a return to several buckets (multi.lua) keeps the record of a return to the first alone
     rec_field = (op == 'take' and 'a:' or 'r:') .. agent
   end
 end

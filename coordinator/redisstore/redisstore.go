@@ -2,8 +2,9 @@
 // (standalone, Sentinel or Cluster, through go-redis' UniversalClient), changed only by the
 // embedded script bucket.lua; or, for a request with a calendar window, one calendar quota's
 // counter per key, changed only by counter.lua; a take of several buckets at once (a direct check
-// of a route with charges, coordinator.TakeRequest.Also) by multi.lua, over keys that share a
-// Cluster slot.
+// of a route with charges, coordinator.TakeRequest.Also), and the return of its unspent grant to
+// every one of them (coordinator.ReturnRequest.Also), by multi.lua, over keys that share a Cluster
+// slot.
 //
 // The script runs the arithmetic of internal/bucket exactly, in Lua doubles kept below 2^53, and
 // keeps the idempotency records of coordinator.OpID inside the bucket's own hash, so each request
@@ -13,7 +14,8 @@
 // Key layout, a hash: t tokens (µ; below zero, down to the rule's max_debt, after a cost settled
 // after the fact), l last refill (ms, the key clock), x the logical expiry (absent when the key
 // never expires), a:<agent> the agent's last Take ("seq granted remaining retry credited pace
-// demand debited now", see bucket.lua), r:<agent> its last Return ("seq credited remaining now"). With Redis' default
+// demand debited now", see bucket.lua), r:<agent> its last Return ("seq credited remaining now";
+// a return to several buckets keeps it in the first only). With Redis' default
 // hash-max-listpack-entries 128 and hash-max-listpack-value 64, a key of a few agents with short
 // ids stays in the compact listpack encoding (about 200 bytes with one record).
 //
@@ -79,7 +81,8 @@ var multiBody string
 
 var multiLua = intmathLua + commonLua + refillLua + multiBody
 
-// multiScript runs the takes of several buckets at once (those with Also).
+// multiScript runs the takes of several buckets at once and the returns to several (the requests
+// with Also).
 var multiScript = redis.NewScript(multiLua)
 
 //go:embed batch.lua
@@ -185,7 +188,7 @@ type call struct {
 	key  string
 	// counter: a calendar counter's call (counter.lua), else a bucket's (bucket.lua)
 	counter bool
-	// also: the other keys of a take of several buckets (multi.lua), after key
+	// also: the other keys of a take of, or a return to, several buckets (multi.lua), after key
 	also []string
 	node string // on Cluster, the address of the key's master ("" if unknown)
 	args []any
@@ -233,8 +236,22 @@ func newCounterCall(item int, key, op string, l bucket.Limit, w bucket.Window, a
 // from r.Key without a share cap, then the limit of each other bucket.
 func newMultiCall(item int, r *coordinator.TakeRequest, now any) call {
 	c := newCall(item, r.Key, "multi", r.Limit, int64(r.Want), int64(r.Min), bucket.WholeShare, r.Op, now, int64(max(1, r.Unit)), coordinator.Credit{}, 0, 0, debt{})
-	c.args = c.args[:17] // no demand or lease lifetime: the other limits follow
-	for _, b := range r.Also {
+	return withOthers(c, r.Also)
+}
+
+// newMultiReturnCall is multi.lua's invocation for return r (with Also): newCall's arguments of a
+// return to r.Key, then the limit of each other bucket.
+func newMultiReturnCall(item int, r *coordinator.ReturnRequest, now any) call {
+	c := newCall(item, r.Key, "return", r.Limit, int64(r.Amount), int64(r.GrantedAt), 0, r.Op, now, 1, coordinator.Credit{}, 0, 0, debt{})
+	return withOthers(c, r.Also)
+}
+
+// withOthers makes c, a bucket call on the first of several buckets, multi.lua's: its arguments
+// end after ARGV 17 (no demand, lease lifetime or debt) and the limit of each other bucket
+// follows, its key among the call's keys.
+func withOthers(c call, also []coordinator.Bucket) call {
+	c.args = c.args[:17]
+	for _, b := range also {
 		num, den := b.Limit.Rate()
 		c.args = append(c.args, int64(b.Limit.Capacity()), num, den, int64(b.Limit.FillTime()))
 		c.also = append(c.also, b.Key)
@@ -318,6 +335,13 @@ func (s *Store) Return(ctx context.Context, reqs []coordinator.ReturnRequest) ([
 		}
 		if !r.Period.IsZero() {
 			calls = append(calls, newCounterCall(i, r.Key, "return", r.Limit, r.Period, int64(r.Amount), int64(r.GrantedAt), 0, r.Op, now, 1, coordinator.Credit{}, debt{}))
+			continue
+		}
+		if len(r.Also) > 0 {
+			// One multi.lua call: every bucket credited in one atomic operation, the record in
+			// r.Key. It stays out of batch.lua (isBucket) and shares the multi script's NOSCRIPT
+			// handling (exec).
+			calls = append(calls, newMultiReturnCall(i, r, now))
 			continue
 		}
 		calls = append(calls, newCall(i, r.Key, "return", r.Limit, int64(r.Amount), int64(r.GrantedAt), 0, r.Op, now, 1, coordinator.Credit{}, 0, 0, debt{}))
@@ -493,8 +517,9 @@ func (s *Store) send(ctx context.Context, calls []call, only []int, source bool)
 }
 
 // batchUnits splits the calls at idx, in order, into what send sends as one command: a batch of
-// up to most consecutive bucket calls for batch.lua, or a call alone (a counter's, a take
-// of several buckets, a bucket call with no other beside it). The order of the calls is kept.
+// up to most consecutive bucket calls for batch.lua, or a call alone (a counter's, a take of or
+// a return to several buckets, a bucket call with no other beside it). The order of the calls is
+// kept.
 func batchUnits(calls []call, idx []int, most int) [][]int {
 	units := make([][]int, 0, len(idx))
 	for start := 0; start < len(idx); {

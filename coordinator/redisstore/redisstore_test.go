@@ -320,6 +320,46 @@ func TestNoScriptCostsOneExtraRoundTripOnce(t *testing.T) {
 	}
 }
 
+// TestNoScriptMultiReturn: a return to several buckets is a multi.lua call of its own; after a
+// flush of the script cache it loads the script and is resent once, crediting each bucket once.
+func TestNoScriptMultiReturn(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	counter := newTripCounter()
+	rdb.AddHook(counter.hook(srv.Addr()))
+	s := redisstore.New(rdb)
+	l := mustLimit(t, 100*tok, 0, 0) // never refills: nothing decays between the calls
+	also := []coordinator.Bucket{{Key: "b", Limit: l}}
+	for i, flush := range []bool{true, false} {
+		take := coordinator.TakeRequest{Key: "a", Limit: l, Want: 5 * tok, Min: 5 * tok, Also: also}
+		res, err := s.Take(ctx(t), []coordinator.TakeRequest{take})
+		if err != nil || res[0].Err != nil || res[0].Granted != 5*tok {
+			t.Fatalf("take %d: %v %+v", i, err, res)
+		}
+		if flush {
+			if err := rdb.ScriptFlush(ctx(t)).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		counter.reset()
+		back := coordinator.ReturnRequest{Key: "a", Limit: l, Amount: 5 * tok, GrantedAt: res[0].Now, Also: also,
+			Op: coordinator.OpID{Agent: "agent", Seq: uint64(i + 1)}}
+		got, err := s.Return(ctx(t), []coordinator.ReturnRequest{back})
+		if err != nil || got[0].Err != nil || got[0].Granted != 10*tok || got[0].Remaining != 100*tok || got[0].Replayed {
+			t.Fatalf("return %d: %v %+v, want 5 tokens credited to each bucket", i, err, got)
+		}
+		trips, loads := counter.reset()
+		if want := map[bool]int{true: 2, false: 1}[flush]; trips[srv.Addr()] != want || loads != map[bool]int{true: 1}[flush] {
+			t.Fatalf("return %d (script flushed: %v): %d round trips and %d loads", i, flush, trips[srv.Addr()], loads)
+		}
+		for _, k := range []string{"a", "b"} {
+			if got, err := rdb.HGet(ctx(t), k, "t").Int64(); err != nil || got != int64(100*tok) {
+				t.Fatalf("after return %d %s holds %d µ (%v), want %d", i, k, got, err, 100*tok)
+			}
+		}
+	}
+}
+
 // TestWholeBatchFailure: an unreachable or hung Redis fails the batch, not its items.
 func TestWholeBatchFailure(t *testing.T) {
 	srv := redistest.Start(t)
@@ -753,6 +793,54 @@ rules:
 	if len(masters) < 2 {
 		t.Errorf("12 tenants on %d masters: tenants do not spread", len(masters))
 	}
+	// The unspent grant of such a take goes back to every bucket in one script on the slot's
+	// master, recorded in the route's key only. The script cache is flushed on every master before
+	// each return: it meets NOSCRIPT, loads the script and is resent.
+	now := bucket.Millis(1_700_000_000_000)
+	sc := redisstore.New(rdb, redisstore.WithClock(func() bucket.Millis { return now }))
+	for i := range 6 {
+		tenant := "returning-" + strconv.Itoa(i)
+		key, _ := set.Key(route, tenant, "")
+		lim, _ := set.Limits(route, tenant, "")
+		take := coordinator.TakeRequest{Key: key, Limit: lim.Bucket, Want: 3 * tok, Min: 3 * tok,
+			Op: coordinator.OpID{Agent: "agent", Seq: 1}}
+		least := lim.Bucket.Capacity()
+		for _, id := range route.Charges() {
+			c := set.RouteByID(id)
+			k, _ := set.Key(c, tenant, "")
+			l, _ := set.Limits(c, tenant, "")
+			take.Also = append(take.Also, coordinator.Bucket{Key: k, Limit: l.Bucket})
+			least = min(least, l.Bucket.Capacity())
+		}
+		res, err := sc.Take(ctx(t), []coordinator.TakeRequest{take})
+		if err != nil || res[0].Err != nil || res[0].Granted != 3*tok {
+			t.Fatalf("%s: take %v %+v", tenant, err, res)
+		}
+		if err := rdb.ForEachMaster(ctx(t), func(ctx context.Context, m *redis.Client) error {
+			return m.ScriptFlush(ctx).Err()
+		}); err != nil {
+			t.Fatal(err)
+		}
+		back := coordinator.ReturnRequest{Key: key, Limit: lim.Bucket, Amount: 2 * tok, GrantedAt: res[0].Now, Also: take.Also,
+			Op: coordinator.OpID{Agent: "agent", Seq: 1}}
+		want := coordinator.ReturnResult{Result: bucket.Result{Granted: bucket.Micro(1+len(take.Also)) * 2 * tok, Remaining: least - tok}, Now: now}
+		for _, replayed := range []bool{false, true} {
+			got, err := sc.Return(ctx(t), []coordinator.ReturnRequest{back})
+			want.Replayed = replayed
+			if err != nil || got[0] != want {
+				t.Fatalf("%s: return (replayed: %v) %v %+v, want %+v", tenant, replayed, err, got, want)
+			}
+		}
+		for j, b := range append([]coordinator.Bucket{{Key: key, Limit: lim.Bucket}}, take.Also...) {
+			h, err := rdb.HGetAll(ctx(t), b.Key).Result()
+			if err != nil || h["t"] != strconv.FormatInt(int64(b.Limit.Capacity()-tok), 10) {
+				t.Fatalf("%s holds %v (%v), want %d µ", b.Key, h, err, b.Limit.Capacity()-tok)
+			}
+			if rec, ok := h["r:agent"]; ok != (j == 0) {
+				t.Fatalf("%s: return record %q; want one in the route's key only", b.Key, rec)
+			}
+		}
+	}
 	// Keys without a common tag: that item fails, the batch does not.
 	l := mustLimit(t, 10*tok, tok, 1000)
 	var a, b string
@@ -770,5 +858,12 @@ rules:
 	})
 	if err != nil || res[0].Err == nil || !strings.Contains(res[0].Err.Error(), "CROSSSLOT") || res[1].Granted != tok {
 		t.Fatalf("cross-slot take: %v %+v", err, res)
+	}
+	back, err := s.Return(ctx(t), []coordinator.ReturnRequest{
+		{Key: a, Limit: l, Amount: tok, GrantedAt: res[1].Now, Also: []coordinator.Bucket{{Key: b, Limit: l}}},
+		{Key: a, Limit: l, Amount: tok, GrantedAt: res[1].Now},
+	})
+	if err != nil || back[0].Err == nil || !strings.Contains(back[0].Err.Error(), "CROSSSLOT") || back[1].Err != nil {
+		t.Fatalf("cross-slot return: %v %+v", err, back)
 	}
 }

@@ -1,7 +1,8 @@
--- refill.lua: a token bucket's refill arithmetic, and how it is stored, for a limit m = {capacity, num, den, fill} (the
--- bucket.Limit: num microtokens every den ms, fill ms for an empty bucket to fill), shared by
--- bucket.lua and multi.lua. redisstore.go prepends it, after intmath.lua and common.lua. Numbers
--- follow bucket.lua's header: integers below 2^53, no division but idiv.
+-- refill.lua: a token bucket's refill arithmetic, the credit of a lease handed back, and how a
+-- bucket is stored, for a limit m = {capacity, num, den, fill} (the bucket.Limit: num microtokens
+-- every den ms, fill ms for an empty bucket to fill), shared by bucket.lua and multi.lua.
+-- redisstore.go prepends it, after intmath.lua and common.lua. Numbers follow bucket.lua's header:
+-- integers below 2^53, no division but idiv.
 
 -- The refill of 0 <= elapsed <= fill ms on top of a remainder 0 <= frac < den (Limit.added):
 -- whole microtokens and the new remainder of (elapsed*num + frac) / den.
@@ -26,6 +27,37 @@ local function time_for(m, amount, frac)
       + ceil_div(x, m.num)
   end
   return q * m.den - idiv(-x, m.num) -- the ceiling of a negative quotient
+end
+
+-- ceil(age * num / den) for 0 < age < fill (Limit.timeDecay): the refill in age, rounded up.
+local function time_decay(m, age)
+  local q = idiv(age, m.den)
+  local r = age - q * m.den -- q*den <= age
+  return q * m.num -- q*num <= age*num/den < capacity + num <= 2^53 - 1
+    + ceil_div(r * m.num, m.den) -- r*num < den*num <= 2^53 - 1
+end
+
+-- State.Return on a bucket already refilled to last: amount unspent microtokens of a lease granted
+-- at granted_at. No lease exceeds the capacity, so neither does the credit; it decays by the
+-- refill since the grant, rounded up, and is capped at what the bucket can hold (capacity - tokens
+-- <= 2*capacity from a debt). Returns the credit, tokens and frac (a full bucket keeps no
+-- fraction).
+local function credit(m, tokens, last, frac, amount, granted_at)
+  local c = math.min(amount, m.capacity)
+  local age = last - granted_at -- both below 2^52
+  if age > 0 and m.num > 0 then
+    if age >= m.fill then
+      c = 0 -- a full bucket's worth of refill has passed: nothing left to credit
+    else
+      c = c - time_decay(m, age) -- time_decay < capacity + num
+    end
+  end
+  c = math.max(0, math.min(c, m.capacity - tokens))
+  tokens = tokens + c
+  if tokens == m.capacity then
+    frac = 0
+  end
+  return c, tokens, frac
 end
 
 -- State.Refill: credit the time from last to now, capped at capacity, keeping the fraction of a

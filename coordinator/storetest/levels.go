@@ -37,11 +37,7 @@ func (l *Levels) Take(ctx context.Context, reqs []coordinator.TakeRequest) ([]co
 	if err == nil {
 		for i, r := range res {
 			if len(reqs[i].Also) > 0 {
-				// The least level of several buckets: none of them is known.
-				delete(l.levels, reqs[i].Key)
-				for _, b := range reqs[i].Also {
-					delete(l.levels, b.Key)
-				}
+				l.forget(reqs[i].Key, reqs[i].Also)
 				continue
 			}
 			l.note(reqs[i].Key, r.Result, r.Err, r.Replayed)
@@ -57,10 +53,23 @@ func (l *Levels) Return(ctx context.Context, reqs []coordinator.ReturnRequest) (
 	res, err := l.store.Return(ctx, reqs)
 	if err == nil {
 		for i, r := range res {
+			if len(reqs[i].Also) > 0 {
+				l.forget(reqs[i].Key, reqs[i].Also)
+				continue
+			}
 			l.note(reqs[i].Key, r.Result, r.Err, r.Replayed)
 		}
 	}
 	return res, err
+}
+
+// forget drops the levels of an operation on several buckets: its result holds the least level
+// of them, so none is known.
+func (l *Levels) forget(key string, also []coordinator.Bucket) {
+	delete(l.levels, key)
+	for _, b := range also {
+		delete(l.levels, b.Key)
+	}
 }
 
 func (l *Levels) note(key string, r bucket.Result, err error, replayed bool) {

@@ -118,8 +118,14 @@ func TakeString(r coordinator.TakeRequest) string {
 // ReturnString formats a request for failure messages.
 func ReturnString(r coordinator.ReturnRequest) string {
 	s := fmt.Sprintf("Return(%q, %v, amount=%d, grantedAt=%d", r.Key, r.Limit, r.Amount, r.GrantedAt)
+	if !r.Period.IsZero() {
+		s += fmt.Sprintf(", window=%d..%d..%d", r.Period.Start, r.Period.End, r.Period.Next)
+	}
 	if r.Op.Agent != "" {
 		s += fmt.Sprintf(", op=%s/%d", r.Op.Agent, r.Op.Seq)
+	}
+	for _, b := range r.Also {
+		s += fmt.Sprintf(", also %q %v", b.Key, b.Limit)
 	}
 	return s + ")"
 }
