@@ -214,7 +214,7 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 		var err error
 		if !debtOnly(it) {
 			var ok bool
-			if also, ok = resolveAlso(set, res, it); !ok {
+			if also, ok = resolveAlso(set, res, it.Bucket, it.Also); !ok {
 				results[i] = &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_INVALID}
 				continue
 			}
@@ -252,7 +252,7 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 		at = append(at, i)
 	}
 	// Leases of other keys ride in the same store batch: a take that only credits.
-	rets, retAt, retResults := s.returnRequests(set, op, req.Returns, &seen)
+	rets, retAt, retResults := s.returnRequests(set, op, req.Returns, &seen, false)
 	for _, r := range rets {
 		takes = append(takes, TakeRequest{Key: r.Key, Limit: r.Limit, Credit: Credit{Amount: r.Amount, GrantedAt: r.GrantedAt}, Op: op, Period: r.Period})
 	}
@@ -306,22 +306,23 @@ func debtOnly(it *coordinatorv1.AcquireItem) bool {
 	return it.NeededMicro == 0 && it.MinMicro == 0 && it.DebtMicro > 0
 }
 
-// resolveAlso resolves the other buckets of an item (AcquireItem.also): for a direct route with
-// charges, exactly its charges, in the policy's order, of the item's tenant and region; for any
-// other route, none. ok is false when the item names others than those.
-func resolveAlso(set *policy.Set, res resolved, it *coordinatorv1.AcquireItem) (also []Bucket, ok bool) {
+// resolveAlso resolves the other buckets refs of an item on bucket own (AcquireItem.also,
+// ReturnItem.also): for a direct route with charges, exactly its charges, in the policy's order,
+// of the item's tenant and region; for any other route, none. ok is false when the item names
+// others than those.
+func resolveAlso(set *policy.Set, res resolved, own *coordinatorv1.BucketRef, refs []*coordinatorv1.BucketRef) (also []Bucket, ok bool) {
 	charges := res.route.Charges()
 	if !res.route.Rule.Direct || len(charges) == 0 {
-		return nil, len(it.Also) == 0
+		return nil, len(refs) == 0
 	}
-	if len(it.Also) != len(charges) {
+	if len(refs) != len(charges) {
 		return nil, false
 	}
 	also = make([]Bucket, len(charges))
-	for j, ref := range it.Also {
+	for j, ref := range refs {
 		c := resolve(set, ref)
 		if c.status != coordinatorv1.Status_STATUS_UNSPECIFIED || c.route.ID != charges[j] ||
-			ref.Tenant != it.Bucket.Tenant || ref.Region != it.Bucket.Region || c.limits.Calendar != nil {
+			ref.Tenant != own.Tenant || ref.Region != own.Region || c.limits.Calendar != nil {
 			return nil, false
 		}
 		also[j] = Bucket{Key: c.key, Limit: c.limits.Bucket}
@@ -379,7 +380,7 @@ func (s *Service) Return(ctx context.Context, req *coordinatorv1.ReturnRequest) 
 		return nil, err
 	}
 	var seen keySet
-	rets, at, results := s.returnRequests(set, OpID{Agent: req.AgentId, Seq: req.Seq}, req.Items, &seen)
+	rets, at, results := s.returnRequests(set, OpID{Agent: req.AgentId, Seq: req.Seq}, req.Items, &seen, true)
 	var out []ReturnResult
 	if len(rets) > 0 {
 		if out, err = s.storeReturn(ctx, rets); err != nil {
@@ -389,10 +390,12 @@ func (s *Service) Return(ctx context.Context, req *coordinatorv1.ReturnRequest) 
 	return &coordinatorv1.ReturnResponse{Results: s.returnResults(results, rets, at, out)}, nil
 }
 
-// returnRequests resolves the items of a Return (or the returns of an Acquire, whose keys are in
-// seen already): the store requests, the item each answers, and the results of the items
-// rejected without touching the store (nil for the others).
-func (s *Service) returnRequests(set *policy.Set, op OpID, items []*coordinatorv1.ReturnItem, seen *keySet) ([]ReturnRequest, []int, []*coordinatorv1.ReturnResult) {
+// returnRequests resolves the items of a Return (alone), or the returns of an Acquire, whose keys
+// are in seen already: the store requests, the item each answers, and the results of the items
+// rejected without touching the store (nil for the others). Only a Return alone may hand back
+// the grant of a take of several buckets (ReturnItem.also): an Acquire's returns ride in its
+// store batch as takes that credit, and a take of several buckets credits nothing.
+func (s *Service) returnRequests(set *policy.Set, op OpID, items []*coordinatorv1.ReturnItem, seen *keySet, alone bool) ([]ReturnRequest, []int, []*coordinatorv1.ReturnResult) {
 	if len(items) == 0 {
 		return nil, nil, nil
 	}
@@ -406,12 +409,20 @@ func (s *Service) returnRequests(set *policy.Set, op OpID, items []*coordinatorv
 			results[i] = &coordinatorv1.ReturnResult{Status: res.status}
 			continue
 		}
+		// Without also, a direct route's grant goes back to its own bucket only (an agent of an
+		// earlier version hands back so: under-use, never overshoot).
+		also, ok := []Bucket(nil), true
+		if len(it.Also) > 0 {
+			also, ok = resolveAlso(set, res, it.Bucket, it.Also)
+		}
 		r := ReturnRequest{
 			Key: res.key, Limit: res.limits.Bucket,
 			Amount: bucket.Micro(it.UnspentMicro), GrantedAt: bucket.Millis(it.GrantedAtMs), Op: op,
-			Period: s.window(res.limits),
+			Period: s.window(res.limits), Also: also,
 		}
-		if r.Validate() != nil || !seen.add(res.key) {
+		// A key is named once per call (its record answers the call's seq); the other buckets of
+		// a return hold no record of it.
+		if !ok || (len(also) > 0 && !alone) || r.Validate() != nil || !seen.add(res.key) {
 			results[i] = &coordinatorv1.ReturnResult{Status: coordinatorv1.Status_STATUS_INVALID}
 			continue
 		}
@@ -451,7 +462,8 @@ func (s *Service) returnResults(results []*coordinatorv1.ReturnResult, rets []Re
 		case r.Stale:
 			res = &coordinatorv1.ReturnResult{Status: coordinatorv1.Status_STATUS_STALE}
 		default:
-			s.metrics.returned(r, rets[j].Amount)
+			// A return to several buckets handed the amount back to each; Granted is their sum.
+			s.metrics.returned(r, rets[j].Amount*bucket.Micro(1+len(rets[j].Also)))
 		}
 		results[i] = res
 	}

@@ -634,7 +634,13 @@ type ReturnItem struct {
 	// Unspent microtokens of the lease, retired by the agent before it returns them.
 	UnspentMicro int64 `protobuf:"varint,2,opt,name=unspent_micro,json=unspentMicro,proto3" json:"unspent_micro,omitempty"`
 	// granted_at_ms of the lease's AcquireResult.
-	GrantedAtMs   int64 `protobuf:"varint,3,opt,name=granted_at_ms,json=grantedAtMs,proto3" json:"granted_at_ms,omitempty"`
+	GrantedAtMs int64 `protobuf:"varint,3,opt,name=granted_at_ms,json=grantedAtMs,proto3" json:"granted_at_ms,omitempty"`
+	// For the grant of an item with also (a direct check of a route with charges) that no check
+	// spent: the same other buckets, in the same order, each credited its own decayed share of
+	// unspent_micro in the same atomic operation (the idempotency record stays in bucket's key).
+	// Empty for every other return. Only a Return carries such an item; among an Acquire's returns
+	// it is INVALID.
+	Also          []*BucketRef `protobuf:"bytes,4,rep,name=also,proto3" json:"also,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -688,6 +694,13 @@ func (x *ReturnItem) GetGrantedAtMs() int64 {
 		return x.GrantedAtMs
 	}
 	return 0
+}
+
+func (x *ReturnItem) GetAlso() []*BucketRef {
+	if x != nil {
+		return x.Also
+	}
+	return nil
 }
 
 type ReturnResult struct {
@@ -842,12 +855,13 @@ const file_leasebucket_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12%\n" +
 	"\x0epolicy_version\x18\x03 \x01(\tR\rpolicyVersion\x12<\n" +
-	"\x05items\x18\x04 \x03(\v2&.leasebucket.coordinator.v1.ReturnItemR\x05items\"\x94\x01\n" +
+	"\x05items\x18\x04 \x03(\v2&.leasebucket.coordinator.v1.ReturnItemR\x05items\"\xcf\x01\n" +
 	"\n" +
 	"ReturnItem\x12=\n" +
 	"\x06bucket\x18\x01 \x01(\v2%.leasebucket.coordinator.v1.BucketRefR\x06bucket\x12#\n" +
 	"\runspent_micro\x18\x02 \x01(\x03R\funspentMicro\x12\"\n" +
-	"\rgranted_at_ms\x18\x03 \x01(\x03R\vgrantedAtMs\"\x8d\x01\n" +
+	"\rgranted_at_ms\x18\x03 \x01(\x03R\vgrantedAtMs\x129\n" +
+	"\x04also\x18\x04 \x03(\v2%.leasebucket.coordinator.v1.BucketRefR\x04also\"\x8d\x01\n" +
 	"\fReturnResult\x12:\n" +
 	"\x06status\x18\x01 \x01(\x0e2\".leasebucket.coordinator.v1.StatusR\x06status\x12%\n" +
 	"\x0ecredited_micro\x18\x02 \x01(\x03R\rcreditedMicro\x12\x1a\n" +
@@ -902,17 +916,18 @@ var file_leasebucket_coordinator_v1_coordinator_proto_depIdxs = []int32{
 	8,  // 6: leasebucket.coordinator.v1.AcquireResponse.returns:type_name -> leasebucket.coordinator.v1.ReturnResult
 	7,  // 7: leasebucket.coordinator.v1.ReturnRequest.items:type_name -> leasebucket.coordinator.v1.ReturnItem
 	1,  // 8: leasebucket.coordinator.v1.ReturnItem.bucket:type_name -> leasebucket.coordinator.v1.BucketRef
-	0,  // 9: leasebucket.coordinator.v1.ReturnResult.status:type_name -> leasebucket.coordinator.v1.Status
-	8,  // 10: leasebucket.coordinator.v1.ReturnResponse.results:type_name -> leasebucket.coordinator.v1.ReturnResult
-	2,  // 11: leasebucket.coordinator.v1.CoordinatorService.Acquire:input_type -> leasebucket.coordinator.v1.AcquireRequest
-	6,  // 12: leasebucket.coordinator.v1.CoordinatorService.Return:input_type -> leasebucket.coordinator.v1.ReturnRequest
-	5,  // 13: leasebucket.coordinator.v1.CoordinatorService.Acquire:output_type -> leasebucket.coordinator.v1.AcquireResponse
-	9,  // 14: leasebucket.coordinator.v1.CoordinatorService.Return:output_type -> leasebucket.coordinator.v1.ReturnResponse
-	13, // [13:15] is the sub-list for method output_type
-	11, // [11:13] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	1,  // 9: leasebucket.coordinator.v1.ReturnItem.also:type_name -> leasebucket.coordinator.v1.BucketRef
+	0,  // 10: leasebucket.coordinator.v1.ReturnResult.status:type_name -> leasebucket.coordinator.v1.Status
+	8,  // 11: leasebucket.coordinator.v1.ReturnResponse.results:type_name -> leasebucket.coordinator.v1.ReturnResult
+	2,  // 12: leasebucket.coordinator.v1.CoordinatorService.Acquire:input_type -> leasebucket.coordinator.v1.AcquireRequest
+	6,  // 13: leasebucket.coordinator.v1.CoordinatorService.Return:input_type -> leasebucket.coordinator.v1.ReturnRequest
+	5,  // 14: leasebucket.coordinator.v1.CoordinatorService.Acquire:output_type -> leasebucket.coordinator.v1.AcquireResponse
+	9,  // 15: leasebucket.coordinator.v1.CoordinatorService.Return:output_type -> leasebucket.coordinator.v1.ReturnResponse
+	14, // [14:16] is the sub-list for method output_type
+	12, // [12:14] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_leasebucket_coordinator_v1_coordinator_proto_init() }
