@@ -311,8 +311,8 @@ func (l *Limiter) rideAlong(now clock.Nanos, c *Call, v *view) {
 	l.qmu.Unlock()
 	var rest []*entry
 	for _, e := range backs {
-		if e.view != v || len(c.Acquire.Items)+len(c.Acquire.Returns) >= MaxBatch {
-			rest = append(rest, e)
+		if e.view != v || len(c.Acquire.Items)+len(c.Acquire.Returns) >= MaxBatch || handsBackAlone(e) {
+			rest = append(rest, e) // (a grant of several buckets goes in a Return: direct.go)
 			continue
 		}
 		if it, ok := l.returnItem(now, v, e); ok {
@@ -390,13 +390,14 @@ func (l *Limiter) returnItem(now clock.Nanos, v *view, e *entry) (*coordinatorv1
 	if e.returning {
 		return nil, false // the answer to the hand-back out queues this one (applyReturns)
 	}
-	if credit := l.creditEstimate(now, e, b); credit <= 0 || (credit < e.unit && !e.dead.Load()) {
+	if credit := l.creditEstimate(now, e, b); credit <= 0 || (credit < e.unit && !e.dead.Load() && !handsBackAlone(e)) {
 		l.settleBackLocked(now, e) // decayed (dropped), or waits for its key's refill
 		return nil, false
 	}
 	e.clearBack()
 	e.returning = true
-	return &coordinatorv1.ReturnItem{Bucket: l.ref(v, e), UnspentMicro: int64(b.amount), GrantedAtMs: int64(b.grantedAt)}, true
+	return &coordinatorv1.ReturnItem{Bucket: l.ref(v, e), UnspentMicro: int64(b.amount), GrantedAtMs: int64(b.grantedAt),
+		Also: l.alsoRefs(v, e)}, true // every bucket of a direct grant of several (direct.go)
 }
 
 // requeueBacks puts entries taken from the backs queue but not sent back in front of it.

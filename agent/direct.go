@@ -13,11 +13,33 @@ import (
 // were waiting when the Acquire was first sent (grantLocked), and a denial names the bucket that
 // refused (refusedBy). The entries of the other buckets are not used: they belong to the routes
 // that charge them from leases, and the coordinator takes the direct check's cost from the
-// buckets themselves. What a grant leaves unserved (a check that stopped waiting) goes back to
-// the route's own bucket only: the others keep it spent (under-use, never overshoot).
+// buckets themselves. What a grant leaves unserved (a check that stopped waiting, or whose
+// Acquire's answer was lost and came with the key's resend) goes back to every bucket it was taken
+// from, in a Return of its own that names the same others (ReturnItem.also): each bucket credits
+// its own decayed share (bucket.State.Return), so a refused check leaves nothing in any of them.
+// It never rides with an Acquire (a take of several buckets credits nothing), and it goes alone
+// whenever any bucket would credit some of it (handsBackAlone): no refill of the key carries it.
 
 // directCharges reports whether a check of res is a direct check of several buckets.
 func directCharges(res *resolved) bool { return res.charges && res.route.Rule.Direct }
+
+// handsBackAlone reports whether e is the entry of a direct route with charges: what it hands
+// back goes to every bucket its route charges, in a Return of its own.
+func handsBackAlone(e *entry) bool {
+	return e.rule.Direct && len(e.view.set.RouteByID(e.route).Charges()) > 0
+}
+
+// chargeLimits appends to out the limits of the other buckets e's direct route charges (those of
+// handsBackAlone), skipping any its policy no longer resolves.
+func (l *Limiter) chargeLimits(e *entry, out []*policy.Limits) []*policy.Limits {
+	set := e.view.set
+	for _, id := range set.RouteByID(e.route).Charges() {
+		if lim, err := set.Limits(set.RouteByID(id), e.tenant, e.lim.Region); err == nil {
+			out = append(out, lim)
+		}
+	}
+	return out
+}
 
 // alsoRefs are the other buckets of e's direct Acquire item: its route's charges, in the policy's
 // order, of e's tenant and region; nil for any other entry.

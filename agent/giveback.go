@@ -5,6 +5,7 @@ import (
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
+	"github.com/leasebucket/leasebucket/policy"
 	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
 )
 
@@ -31,7 +32,7 @@ func (l *Limiter) settleBackLocked(now clock.Nanos, e *entry) {
 		e.clearBack()
 		return
 	}
-	if e.backed || (credit < e.unit && !e.dead.Load()) {
+	if e.backed || (credit < e.unit && !e.dead.Load() && !handsBackAlone(e)) {
 		return // queued already, or waits for its key's next refill
 	}
 	e.backed = true
@@ -101,11 +102,24 @@ func (l *Limiter) Withheld() []Forfeit {
 // creditEstimate is the most a coordinator would credit for b now (bucket.State.Return): its
 // tokens less the refill since their grant. The grant was before its answer arrived (recvAt),
 // so the refill since recvAt bounds the decay from below and the estimate errs high: a lease
-// dropped because its estimate is 0 would have been credited nothing.
+// dropped because its estimate is 0 would have been credited nothing. For a grant of several
+// buckets (handsBackAlone) it is the most any of them would credit.
 func (l *Limiter) creditEstimate(now clock.Nanos, e *entry, b handBack) bucket.Micro {
-	credit := min(b.amount, e.lim.Bucket.Capacity())
+	credit := estimateCredit(now, e.lim.Bucket, b)
+	if handsBackAlone(e) {
+		var buf [policy.MaxCharges]*policy.Limits
+		for _, lim := range l.chargeLimits(e, buf[:0]) {
+			credit = max(credit, estimateCredit(now, lim.Bucket, b))
+		}
+	}
+	return credit
+}
+
+// estimateCredit is creditEstimate for one bucket of limit lim.
+func estimateCredit(now clock.Nanos, lim bucket.Limit, b handBack) bucket.Micro {
+	credit := min(b.amount, lim.Capacity())
 	if age := now - b.recvAt; age > 0 {
-		credit -= e.lim.Bucket.Refilled(bucket.Millis(age / clock.Nanos(time.Millisecond)))
+		credit -= lim.Refilled(bucket.Millis(age / clock.Nanos(time.Millisecond)))
 	}
 	return credit
 }
