@@ -243,6 +243,12 @@ func (l *Limiter) applyReturns(c *Call, f Failure, n int, result func(int) *coor
 		} else {
 			amount, grantedAt = c.Return.Items[i].UnspentMicro, c.Return.Items[i].GrantedAtMs
 		}
+		// A grant of several buckets goes back to each (direct.go): counted once per bucket, as
+		// the coordinator's credit is their sum.
+		buckets := int64(1)
+		if c.Return != nil {
+			buckets += int64(len(c.Return.Items[i].Also))
+		}
 		// Not applied (the call was refused, or a newer return of the key overtook this one:
 		// STALE), it waits to be handed back again, unless its policy is gone: then no
 		// coordinator will take it.
@@ -262,11 +268,11 @@ func (l *Limiter) applyReturns(c *Call, f Failure, n int, result func(int) *coor
 		if again {
 			continue
 		}
-		l.handedBack(amount)
+		l.handedBack(amount * buckets)
 		if f == Answered && result(i).GetStatus() == coordinatorv1.Status_STATUS_OK {
 			l.stats.CreditedMicro.Add(uint64(max(0, result(i).CreditedMicro)))
 		} else {
-			l.stats.LostMicro.Add(uint64(amount))
+			l.stats.LostMicro.Add(uint64(amount * buckets))
 		}
 	}
 }
@@ -282,7 +288,8 @@ func (l *Limiter) handedBack(micro int64) {
 // nothing: its grant serves only the checks that were waiting when the Acquire was sent (for a
 // resent seq, first sent), so each allowed check was taken from the bucket between its send and
 // its answer (admission C + r·w); what they did not take — a check stopped waiting, or the grant
-// of a lost answer came back — is handed back with the next refill.
+// of a lost answer came back — is handed back with the next refill (a grant of several buckets:
+// in a Return of its own, to every one of them).
 func (l *Limiter) grantLocked(now clock.Nanos, c *Call, e *entry, res *coordinatorv1.AcquireResult) {
 	g := bucket.Micro(res.GrantedMicro)
 	if e.fail != nil {

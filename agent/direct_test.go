@@ -87,6 +87,11 @@ func TestChargesDirectUnservedGoesBackEverywhere(t *testing.T) {
 		t.Fatal("the lost seq was not sent again")
 	}
 	s.stop(t)
+	// One grant of 2 tokens went back, to three buckets: counted once per bucket, as credited.
+	if st := s.lim.Stats(); st.ReturnedMicro.Load() != uint64(6*tok) || st.CreditedMicro.Load() != uint64(6*tok) {
+		t.Errorf("handed back %d µ, credited %d µ; want %d µ both (2 tokens to each of 3 buckets)",
+			st.ReturnedMicro.Load(), st.CreditedMicro.Load(), 6*tok)
+	}
 	for rule, burst := range map[string]bucket.Micro{"d": 1000, "d#2": 10, "budget": 1000} {
 		if got, want := level[rule](), (burst-2*allowed)*tok; got != want {
 			t.Errorf("%s holds %d µ, want %d µ: charged %d µ for the check the failure mode answered", rule, got, want, want-got)

@@ -488,7 +488,10 @@ func checkIdempotency(in CheckInput) (replays int, vs []Violation) {
 // checkLedger: a ledger key barely refills, so Redis' level says what was granted (net of
 // returns): debited = C − level, up to the refill. The ledger keys are the ledger rule's and the
 // multi rule's first limit of each tenant, a bucket every check of the rule spends from before
-// its other buckets can refuse (it comes first), so a refused check gives its cost back there.
+// its other buckets can refuse (it comes first), so a refused check gives its cost back there;
+// and the dmulti rule's first and third limits, which a direct check takes with its others in one
+// operation, so a grant no check spent goes back to both. byKey holds the records of every check
+// that charges a key, so the allows of the dmulti route count as spent from both.
 // Every token debited was spent by an allow a client saw, or is stranded: held by an agent
 // killed with SIGKILL, in a return that failed, or in a refund that could not be made (the
 // lease was retired in between; the agents count those). So, per key, spent ≤ debited
@@ -532,6 +535,7 @@ func checkLedger(in CheckInput, byKey [][]*Record) (LedgerResult, []Violation) {
 		res.Spent += p.Spent
 		res.Parts = append(res.Parts, p)
 	}
+	vs = append(vs, checkDirectLedgers(in)...)
 	res.Stranded = res.Debited - res.Spent
 	res.Bound = f.Strandable + f.Lost + f.RefundsLost*maxCost + unknown + 1
 	if res.Stranded > res.Bound {
@@ -540,6 +544,40 @@ func checkLedger(in CheckInput, byKey [][]*Record) (LedgerResult, []Violation) {
 			res.Stranded, len(f.Keys), f.Strandable, f.Lost, f.RefundsLost, res.Errors)})
 	}
 	return res, vs
+}
+
+// checkDirectLedgers: a direct check of several buckets is one take from all of them, and what
+// no check spent of its grant goes back to all of them in one operation, so two ledger keys of
+// the same rate that only such checks charge (the dmulti rule's first and third limits) are
+// debited the same, whatever was killed, lost or refused, up to what they refilled; a difference
+// of half a token or more is a cost left in some of the buckets only.
+func checkDirectLedgers(in CheckInput) []Violation {
+	levels := map[int]LedgerLevel{}
+	for _, lv := range in.Ledger.Keys {
+		levels[lv.Key] = lv
+	}
+	var vs []Violation
+	for _, own := range in.Ledger.Keys {
+		k := in.Keys.List[own.Key]
+		if k.Tau != 0 {
+			continue // leases: each bucket is refilled and handed back on its own
+		}
+		for _, c := range k.Charges {
+			other, ok := levels[c]
+			n1, d1 := in.Keys.List[c].Limit.Rate()
+			n2, d2 := k.Limit.Rate()
+			if !ok || n1 != n2 || d1 != d2 {
+				continue
+			}
+			a, b := tokensOf(own.Capacity-own.Level), tokensOf(other.Capacity-other.Level)
+			if math.Abs(a-b) >= 0.5+tokensOf(own.Refill+other.Refill) {
+				vs = append(vs, Violation{Check: "ledger", Detail: fmt.Sprintf(
+					"direct checks debited %.6f tokens of %s (bucket %s) and %.6f of %s (bucket %s), both taken and handed back together: a cost stayed in one of them",
+					a, k.Name, k.Rule.Name, b, in.Keys.List[c].Name, in.Keys.List[c].Rule.Name)})
+			}
+		}
+	}
+	return vs
 }
 
 // shortestTau is the shortest τ of the buckets a check of k charges.

@@ -452,6 +452,59 @@ func TestMultiLedger(t *testing.T) {
 	}
 }
 
+// The dmulti rule's ledgers: its first limit (the check's own key) and its third (one of the
+// check's charges). A direct check takes from both in one operation, so what the ledger among the
+// charges shows debited is spent by the allows of the dmulti key; a grant no check spent that went
+// back to the own key only is a debit there that nothing accounts for, and leaves the two ledgers
+// apart even when the agents' losses would cover it.
+func TestDMultiLedger(t *testing.T) {
+	ks, k := testKeys(t)
+	d := k[KindDMulti]
+	var third *Key
+	for _, b := range d.Buckets(ks) {
+		if b.Rule.Name == dmultiLedger {
+			third = b
+		}
+	}
+	if third == nil || third.Limit.Refills() && third.Limit.FillTime() < d.Limit.FillTime() {
+		t.Fatalf("the dmulti route charges %v, want a second ledger %s", d.Buckets(ks), dmultiLedger)
+	}
+	records := append(allows(d, 100, 0, ms(10)), withOutcome(allows(d, 200, ms(5), ms(10)), OutUnavailable)...)
+	type facts struct{ own, third, lost float64 }
+	const apart = "a cost stayed in one of them"
+	for _, tc := range []struct {
+		name       string
+		f          facts
+		violations []string
+	}{
+		{"exact: only the allows are debited", facts{100, 100, 0}, nil},
+		{"30 unspent grants went back to the own key only", facts{100, 130, 0}, []string{apart, "neither spent nor returned"}},
+		// Fewer than the agents' lost returns and killed leases allow, but still apart.
+		{"3 unspent grants went back to the own key only", facts{110, 113, 30}, []string{apart}},
+		{"0.6 tokens apart: the refill cannot explain it", facts{100, 100.6, 30}, []string{apart}},
+		{"0.4 tokens apart: less than any cost", facts{100, 100.4, 30}, nil},
+		{"30 tokens of returns the agents counted as lost", facts{130, 130, 60}, nil},
+		{"10 allows with nothing debited among the charges", facts{100, 90, 0}, []string{"created", apart}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := Check(CheckInput{Keys: ks, Records: records, Ledger: &LedgerFacts{
+				Keys: []LedgerLevel{ledgerLevel(d, tc.f.own), ledgerLevel(third, tc.f.third)}, Lost: tc.f.lost}})
+			vs := violations(res, "ledger")
+			if len(vs) != len(tc.violations) {
+				t.Fatalf("got %v, want violations saying %q", vs, tc.violations)
+			}
+			for i, v := range vs {
+				if !strings.Contains(v.Detail, tc.violations[i]) {
+					t.Fatalf("got %v, want violations saying %q", vs, tc.violations)
+				}
+			}
+			if p := res.Ledger.Parts; len(p) != 2 || p[1].Spent != 100 || p[1].Denied != 200 {
+				t.Fatalf("parts %+v, want the third limit with the route's 100 allows spent and 200 refused", p)
+			}
+		})
+	}
+}
+
 // In an outage a check of several buckets can be allowed only while every bucket the outage
 // cuts off still has a live lease: until the shortest τ among them.
 func TestMultiOutage(t *testing.T) {
@@ -552,8 +605,8 @@ func TestDMultiAdmission(t *testing.T) {
 	for _, b := range m.Buckets(ks) {
 		bs[b.Rule.Name] = b
 	}
-	if len(bs) != 3 || bs["dmulti#2"] == nil || bs["mbudget"] == nil || bs["mbudget"] != multiBuckets(t, ks, k[KindMulti])["mbudget"] {
-		t.Fatalf("the dmulti route charges %v, want dmulti, dmulti#2 and the multi route's mbudget", bs)
+	if len(bs) != 4 || bs["dmulti#2"] == nil || bs[dmultiLedger] == nil || bs["mbudget"] == nil || bs["mbudget"] != multiBuckets(t, ks, k[KindMulti])["mbudget"] {
+		t.Fatalf("the dmulti route charges %v, want dmulti, dmulti#2, dmulti#3 and the multi route's mbudget", bs)
 	}
 	if bs["dmulti"].Tau != 0 || bs["dmulti#2"].Tau != 0 || bs["mbudget"].Tau != 2500*time.Millisecond {
 		t.Fatalf("τ of dmulti %v, dmulti#2 %v, mbudget %v: want 0, 0 and 2.5 s", bs["dmulti"].Tau, bs["dmulti#2"].Tau, bs["mbudget"].Tau)

@@ -148,7 +148,7 @@ type Load struct {
 	direct         *Key
 	multi          []*Key // the multi route's buckets (their Charges: multi#2 and the budget)
 	settled        []*Key
-	dmulti         []*Key // the dmulti route's buckets (their Charges: dmulti#2 and the budget)
+	dmulti         []*Key // the dmulti route's buckets (their Charges: dmulti#2, dmulti#3 and the budget)
 	churnSeq       []atomic.Int64
 	filters        []*envoyquota.Filter // per agent, with Quota
 }
@@ -311,9 +311,23 @@ func (l *Load) ResumeMulti(i int) { l.multiGate[i].paused.Store(false) }
 // DebtKeys are the buckets the load may take into debt (the settled rule's).
 func (l *Load) DebtKeys() []*Key { return l.settled }
 
-// MultiKeys are the multi route's own buckets, one per tenant: the rule's first limit, a ledger
-// (each Key's Charges are the check's other buckets).
-func (l *Load) MultiKeys() []*Key { return append(append([]*Key(nil), l.multi...), l.dmulti...) }
+// MultiKeys are the ledger buckets of the multi and dmulti routes, per tenant: each route's own
+// bucket, its rule's first limit (each Key's Charges are the check's other buckets), and the
+// dmulti rule's third limit (dmultiLedger), a ledger among the charges of a direct check.
+func (l *Load) MultiKeys() []*Key {
+	ks := append(append([]*Key(nil), l.multi...), l.dmulti...)
+	for _, k := range l.dmulti {
+		for _, c := range k.Charges {
+			if b := l.keys.List[c]; b.Rule.Name == dmultiLedger {
+				ks = append(ks, b)
+			}
+		}
+	}
+	return ks
+}
+
+// dmultiLedger is the dmulti rule's ledger among its charges (PolicyText).
+const dmultiLedger = "dmulti#3"
 
 // request is one check to send.
 type request struct {

@@ -46,16 +46,18 @@ import (
 //     the check's buckets could not be reached.
 //   - dmulti: the multi rule in direct mode (lease: off) for the same tenants and operation, so
 //     mbudget covers it too: each check is one atomic take from dmulti (a ledger, as multi's
-//     first limit), dmulti#2 (20/s, burst 10) and the tenant's mbudget, which the multi route
-//     keeps charging from leases. dmulti and dmulti#2 keep the direct bound C + r·w, mbudget its
-//     lease bound; a refused check must leave nothing on the ledger (the ledger check).
+//     first limit), dmulti#2 (20/s, burst 10), dmulti#3 (a second ledger, 1/day with a burst
+//     of 300000, among the route's charges) and the tenant's mbudget, which the multi route keeps charging from leases.
+//     dmulti and dmulti#2 keep the direct bound C + r·w, mbudget its lease bound; a refused
+//     check must leave nothing on either ledger (the ledger check): a grant no check spent goes
+//     back to every bucket it was taken from, the charges as well as the route's own.
 //   - settled: costs known after the response. Each check is allowed on an estimate (1 or 2) and
 //     settled, after a response time, with a heavy-tailed actual cost (Pareto, α 1.3, capped at
 //     C + max_debt = 80); extra cost beyond the lease is debt, down to max_debt (40) below zero.
 //     20/s with a burst of 40 (τ = 500 ms), offered about its rate in estimates and several times
 //     it in actual costs: the bucket lives in debt, and the checker holds its charges to
 //     C + r·(w + τ) + max_debt and Redis' level to −max_debt and above.
-const PolicyText = `version: "chaos-3"
+const PolicyText = `version: "chaos-4"
 
 operations:
   transfer: spend
@@ -146,6 +148,7 @@ rules:
     limits:
       - {limit: 1/day, burst: 200000}
       - {limit: 20/second, burst: 10}
+      - {limit: 1/day, burst: 300000}
     retry_after_on_failure: 3s
 
   - name: settled
