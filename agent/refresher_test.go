@@ -133,15 +133,8 @@ func TestLostAnswerIsResent(t *testing.T) {
 	}
 	first := s.coord.acquireSeqs()[0]
 	s.coord.setFault(healthy)
-	var allowed int64
-	eventually(t, 5*time.Second, "an allow once answers arrive", func() bool {
-		v, err := s.srv.Decide(ctxTimeout(t, 5*time.Second), q)
-		if err == nil && v.Outcome == agent.Allow {
-			allowed++
-			return true
-		}
-		return false
-	})
+	s.awaitAllow(t, q)
+	const allowed = 1
 	seqs := s.coord.acquireSeqs()
 	if last := seqs[len(seqs)-1]; last != first || s.lim.Stats().Resends.Load() == 0 {
 		t.Fatalf("Acquire seqs %v: want the lost seq %d sent again", seqs, first)

@@ -269,6 +269,15 @@ func newStack(t testing.TB, set *policy.Set, o stackOptions) *stack {
 	return s
 }
 
+// awaitAllow checks q until it is allowed (within 5 s): one allowed check.
+func (s *stack) awaitAllow(t testing.TB, q agent.Query) {
+	t.Helper()
+	eventually(t, 5*time.Second, "an allow once answers arrive", func() bool {
+		v, err := s.srv.Decide(ctxTimeout(t, 5*time.Second), q)
+		return err == nil && v.Outcome == agent.Allow
+	})
+}
+
 // stop shuts the Refresher down (returning the leases) and fails the test if that failed.
 func (s *stack) stop(t testing.TB) {
 	t.Helper()

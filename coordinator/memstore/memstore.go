@@ -351,24 +351,35 @@ func (e *entry) totalDemand(agent string, own bucket.Micro, now, ttl bucket.Mill
 	return total
 }
 
+// replayReturn answers a return of op on e (nil: no live entry) from the agent's return record:
+// a repeat as recorded, an older one stale (nothing done); ok is false for a new return.
+func replayReturn(e *entry, op coordinator.OpID) (res coordinator.ReturnResult, ok bool) {
+	if e == nil || op.Agent == "" {
+		return res, false
+	}
+	rec, found := e.returns[op.Agent]
+	switch {
+	case !found:
+		return res, false
+	case rec.Seq == op.Seq:
+		return coordinator.ReturnResult{
+			Result:   bucket.Result{Granted: rec.Credited, Remaining: rec.Remaining},
+			Now:      rec.Now,
+			Replayed: true,
+		}, true
+	case rec.Seq > op.Seq:
+		return coordinator.ReturnResult{
+			Result: bucket.Result{Remaining: e.state.Tokens}, Now: e.state.Last, Stale: true,
+		}, true
+	}
+	return res, false
+}
+
 func (sh *shard) ret(r *coordinator.ReturnRequest, now bucket.Millis) coordinator.ReturnResult {
 	e := sh.live(r.Key, now)
 	idem := r.Op.Agent != ""
-	if e != nil && idem {
-		if rec, ok := e.returns[r.Op.Agent]; ok {
-			switch {
-			case rec.Seq == r.Op.Seq:
-				return coordinator.ReturnResult{
-					Result:   bucket.Result{Granted: rec.Credited, Remaining: rec.Remaining},
-					Now:      rec.Now,
-					Replayed: true,
-				}
-			case rec.Seq > r.Op.Seq:
-				return coordinator.ReturnResult{
-					Result: bucket.Result{Remaining: e.state.Tokens}, Now: e.state.Last, Stale: true,
-				}
-			}
-		}
+	if res, ok := replayReturn(e, r.Op); ok {
+		return res
 	}
 	var res bucket.Result
 	if r.Period.IsZero() {

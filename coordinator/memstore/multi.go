@@ -108,20 +108,8 @@ func (s *Store) returnAll(r *coordinator.ReturnRequest, now bucket.Millis) coord
 	defer s.lockAll(keys)()
 
 	first := s.shard(r.Key).live(r.Key, now)
-	idem := r.Op.Agent != ""
-	if first != nil && idem {
-		if rec, ok := first.returns[r.Op.Agent]; ok {
-			switch {
-			case rec.Seq == r.Op.Seq:
-				return coordinator.ReturnResult{
-					Result:   bucket.Result{Granted: rec.Credited, Remaining: rec.Remaining},
-					Now:      rec.Now,
-					Replayed: true,
-				}
-			case rec.Seq > r.Op.Seq:
-				return coordinator.ReturnResult{Result: bucket.Result{Remaining: first.state.Tokens}, Now: first.state.Last, Stale: true}
-			}
-		}
+	if res, ok := replayReturn(first, r.Op); ok {
+		return res
 	}
 	entries := s.liveAll(first, keys, now)
 	var res bucket.Result
@@ -138,7 +126,7 @@ func (s *Store) returnAll(r *coordinator.ReturnRequest, now bucket.Millis) coord
 		e.setExpiry(limits[i])
 	}
 	first = entries[0]
-	if idem {
+	if r.Op.Agent != "" {
 		first.recordReturn(r.Op, returnRecord{Seq: r.Op.Seq, Credited: res.Granted, Remaining: res.Remaining, Now: first.state.Last})
 	}
 	return coordinator.ReturnResult{Result: res, Now: first.state.Last}
