@@ -321,7 +321,7 @@ func (l *Limiter) grantLocked(now clock.Nanos, c *Call, e *entry, res *coordinat
 	switch {
 	case e.rule.Direct:
 		// A direct grant is spent at once, whatever its TTL: on the checks that asked for it.
-		n.tokens = l.serveLocked(n.tokens, e, n, c.sentAt)
+		n.tokens = l.serveLocked(n.tokens, e, n, c.asked)
 	case now < n.expires:
 		n.tokens = l.serveLocked(n.tokens, e, n, anyWaiting) // a lease serves whoever waits for it
 	}

@@ -38,7 +38,12 @@ type Call struct {
 	entries []*entry // Acquire.Items[i] refills entries[i]
 	backs   []*entry // the entries whose leases are handed back in Acquire.Returns or Return.Items
 	sentAt  clock.Nanos
-	resend  bool // the seq and send time of an earlier call whose outcome was unknown
+	// asked: a direct grant serves the checks that began to wait by then (grantLocked), those
+	// its items counted: sentAt, or a later ticket's time when a check began to wait after the
+	// shell read its clock and before the call was built (it still waited before the send). A
+	// resend keeps its first send's.
+	asked  clock.Nanos
+	resend bool // the seq and send time of an earlier call whose outcome was unknown
 }
 
 // Seq is the call's sequence number (the coordinator's idempotency key with the agent id).
@@ -138,6 +143,7 @@ func (l *Limiter) buildAcquire(now clock.Nanos, v *view, batch []*entry) *Call {
 		l.queue = append(rest, l.queue...)
 		l.qmu.Unlock()
 	}
+	c.asked = c.sentAt
 	for _, e := range batch {
 		if it := l.acquireItem(now, v, e, c); it != nil {
 			c.entries = append(c.entries, e)
@@ -212,6 +218,9 @@ func (l *Limiter) acquireItem(now clock.Nanos, v *view, e *entry, c *Call) *coor
 		least = bucket.Micro(w[0].cost)
 		for _, t := range w {
 			needed += bucket.Micro(t.cost)
+			if !c.resend {
+				c.asked = max(c.asked, t.at)
+			}
 		}
 	}
 	it := &coordinatorv1.AcquireItem{
