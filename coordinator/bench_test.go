@@ -3,9 +3,6 @@ package coordinator_test
 import (
 	"context"
 	"fmt"
-	"iter"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -18,6 +15,7 @@ import (
 	"github.com/leasebucket/leasebucket/coordinator/memstore"
 	"github.com/leasebucket/leasebucket/coordinator/redisstore"
 	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
+	"github.com/leasebucket/leasebucket/internal/testkit/stackbench"
 	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
 )
 
@@ -72,6 +70,11 @@ func cpuTime(b *testing.B) time.Duration {
 // batch's keys in one script saves Redis.
 func BenchmarkAcquireRedis(b *testing.B) {
 	srv := redistest.Start(b)
+	probe, pid, err := stackbench.NewRedisProbe(context.Background(), srv.Options())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer probe.Close()
 	set := mustPolicy(b, "bench")
 	// seq grows across every run of every sub-benchmark: the agents' names repeat from run to run
 	// (so keys hold a bounded number of idempotency records), and a seq that went back would be stale.
@@ -101,11 +104,8 @@ func BenchmarkAcquireRedis(b *testing.B) {
 				coordinator.ServerOptions{Logger: zap.NewNop()})
 			items := benchItems(n)
 			var agents, grants atomic.Int64
-			if err := c.ConfigResetStat(context.Background()).Err(); err != nil {
-				b.Fatal(err)
-			}
 			trips.n.Store(0)
-			cpu, redisCPU := cpuTime(b), redisCPUMicros(b, c)
+			cpu, redis0 := cpuTime(b), redisUse(b, probe, pid)
 			b.ReportAllocs()
 			b.SetParallelism(8) // agents in flight per GOMAXPROCS: enough to keep Redis and the server busy
 			b.ResetTimer()
@@ -130,8 +130,9 @@ func BenchmarkAcquireRedis(b *testing.B) {
 			b.StopTimer()
 			reportGrants(b, grants.Load(), cpuTime(b)-cpu)
 			b.ReportMetric(float64(trips.n.Load())/float64(grants.Load()), "round-trips/grant")
-			b.ReportMetric(scriptMicros(b, c)/float64(grants.Load()), "redis-µs/grant")
-			b.ReportMetric((redisCPUMicros(b, c)-redisCPU)/float64(grants.Load()), "redis-cpu-µs/grant")
+			redis1 := redisUse(b, probe, pid)
+			b.ReportMetric((redis1.script-redis0.script)/float64(grants.Load()), "redis-µs/grant")
+			b.ReportMetric((redis1.cpu-redis0.cpu)/float64(grants.Load()), "redis-cpu-µs/grant")
 			r.stop()
 		})
 	}
@@ -167,58 +168,21 @@ func BenchmarkAcquireMemory(b *testing.B) {
 	}
 }
 
-// redisCPUMicros is the CPU time the Redis server has used (INFO cpu: used_cpu_user +
-// used_cpu_sys, every thread), in microseconds: unlike scriptMicros it includes reading, parsing
-// and answering each command, which a script invocation pays once whatever the keys it runs.
-func redisCPUMicros(b *testing.B, c *redis.Client) float64 {
-	var total float64
-	for name, v := range infoFields(b, c, "cpu") {
-		if name == "used_cpu_user" || name == "used_cpu_sys" {
-			total += parseInfoNumber(b, name, v) * 1e6
-		}
-	}
-	return total
-}
+// redisUsage is what the Redis server has used so far, in microseconds: CPU (its process's,
+// every thread: reading, parsing and answering each command besides the scripts) and time in
+// scripts (INFO commandstats, wall time).
+type redisUsage struct{ cpu, script float64 }
 
-// scriptMicros is the time Redis spent in the bucket script since its last CONFIG RESETSTAT
-// (INFO commandstats), in microseconds: what the script itself costs Redis per grant.
-func scriptMicros(b *testing.B, c *redis.Client) float64 {
-	var total float64
-	for name, stats := range infoFields(b, c, "commandstats") {
-		if name != "cmdstat_evalsha" && name != "cmdstat_eval" {
-			continue
-		}
-		for kv := range strings.SplitSeq(stats, ",") {
-			if v, ok := strings.CutPrefix(kv, "usec="); ok {
-				total += parseInfoNumber(b, name, v)
-			}
-		}
-	}
-	return total
-}
-
-// infoFields reads INFO section and yields its "name:value" lines.
-func infoFields(b *testing.B, c *redis.Client, section string) iter.Seq2[string, string] {
-	info, err := c.Info(context.Background(), section).Result()
+func redisUse(b *testing.B, probe *stackbench.RedisProbe, pid int) redisUsage {
+	cpu, err := stackbench.ProcCPU(pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	return func(yield func(string, string) bool) {
-		for line := range strings.SplitSeq(info, "\r\n") {
-			if name, v, ok := strings.Cut(line, ":"); ok && !yield(name, v) {
-				return
-			}
-		}
-	}
-}
-
-// parseInfoNumber parses the number v of INFO field name.
-func parseInfoNumber(b *testing.B, name, v string) float64 {
-	n, err := strconv.ParseFloat(v, 64)
+	st, err := probe.Stats(context.Background())
 	if err != nil {
-		b.Fatalf("INFO %s: %v", name, err)
+		b.Fatal(err)
 	}
-	return n
+	return redisUsage{cpu: float64(cpu.Microseconds()), script: st.ScriptMicros}
 }
 
 func reportGrants(b *testing.B, grants int64, cpu time.Duration) {

@@ -21,9 +21,10 @@
 //
 // A batch is one round trip per Redis node involved. On a standalone (or Sentinel) Redis its
 // bucket calls run in batch.lua, up to MaxBatchKeys keys per invocation, which saves Redis one
-// command's reading, dispatch and reply per key (not the script's work on the key). On Cluster, where one script may only touch keys of one slot, each master
-// gets its part as a pipeline of one script per key, run side by side; a master that failed a
-// batch is skipped for NodeCooldown. go-redis may resend a command
+// command's reading, dispatch and reply per key (not the script's work on the key). On Cluster,
+// where one script may only touch keys of one slot, each master gets its part as a pipeline of
+// one script per key, run side by side; a master that failed a batch is skipped for
+// NodeCooldown. go-redis may resend a command
 // after a connection error without knowing whether Redis ran it, so a request without an OpID
 // may act twice: a Take charged twice (safe: tokens are lost, never created), a Return credited
 // twice (up to capacity). Requests that carry an OpID are answered from their record instead, so

@@ -94,6 +94,9 @@ func TestRedisProbe(t *testing.T) {
 	if d != (sb.RedisStats{Commands: 5, Scripts: 1, HSets: 1}) {
 		t.Errorf("EVAL (SET, GET), INCR and HSET counted as %+v, want 5 commands, 1 script, 1 HSET", d)
 	}
+	if s2.ScriptMicros <= s1.ScriptMicros {
+		t.Errorf("the EVAL's time: %v µs in scripts before it, %v after", s1.ScriptMicros, s2.ScriptMicros)
+	}
 }
 
 // TestHarness runs the harness on tiny loads against a real lease-mode stack and the empty

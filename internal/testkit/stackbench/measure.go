@@ -55,6 +55,9 @@ type RedisStats struct {
 	// HSET calls: bucket.lua runs one for each operation it applies, wherever a batch of them
 	// runs in one script (redisstore's batch.lua)
 	HSets float64
+	// ScriptMicros is the time Redis spent running scripts (the usec of the script commands):
+	// wall time, so on a busy machine it also counts moments the server was not on a core.
+	ScriptMicros float64
 }
 
 // scriptCommands are the commands that run a script or a function.
@@ -111,7 +114,7 @@ func (p *RedisProbe) Stats(ctx context.Context) (RedisStats, error) {
 }
 
 // parseCommandStats sums the calls of INFO commandstats lines
-// ("cmdstat_evalsha:calls=12,usec=…,…").
+// ("cmdstat_evalsha:calls=12,usec=…,…"), and the usec of the script commands.
 func parseCommandStats(info string) (RedisStats, error) {
 	var s RedisStats
 	for line := range strings.SplitSeq(info, "\n") {
@@ -121,19 +124,24 @@ func parseCommandStats(info string) (RedisStats, error) {
 			continue
 		}
 		for kv := range strings.SplitSeq(stats, ",") {
-			v, ok := strings.CutPrefix(kv, "calls=")
-			if !ok {
+			field, v, _ := strings.Cut(kv, "=")
+			script := scriptCommands[cmd]
+			if field != "calls" && (field != "usec" || !script) {
 				continue
 			}
 			n, err := strconv.ParseFloat(v, 64)
 			if err != nil {
 				return RedisStats{}, fmt.Errorf("stackbench: commandstats %q: %w", line, err)
 			}
+			if field == "usec" {
+				s.ScriptMicros += n
+				continue
+			}
 			s.Commands += n
 			if cmd == "hset" {
 				s.HSets += n
 			}
-			if scriptCommands[cmd] {
+			if script {
 				s.Scripts += n
 			}
 		}
