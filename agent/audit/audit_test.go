@@ -314,8 +314,16 @@ func TestCloseBounded(t *testing.T) {
 	if err := <-done; !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Close = %v, want the deadline", err)
 	}
-	written := counter(t, reg, "leasebucket_agent_audit_events_total", map[string]string{"priority": "high"})
-	dropped := counter(t, reg, "leasebucket_agent_audit_dropped_total", map[string]string{"priority": "high", "reason": "closed"})
+	// The write in progress is counted once the writer's Write returns, on the writer's
+	// goroutine: wait for it (a second at most) rather than read the counters at once.
+	var written, dropped float64
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
+		written = counter(t, reg, "leasebucket_agent_audit_events_total", map[string]string{"priority": "high"})
+		dropped = counter(t, reg, "leasebucket_agent_audit_dropped_total", map[string]string{"priority": "high", "reason": "closed"})
+		if written+dropped >= 8 || time.Now().After(deadline) {
+			break
+		}
+	}
 	if written+dropped != 8 || dropped == 0 {
 		t.Fatalf("%v written, %v dropped at close, want 8 in all with some dropped", written, dropped)
 	}
