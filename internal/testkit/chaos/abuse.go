@@ -43,6 +43,12 @@ const decision = "decision"
 // abuseTimeout bounds one probe.
 const abuseTimeout = 5 * time.Second
 
+// probeRetries is how long a check probe answered by its rule's failure mode is asked again. The
+// probes follow the last fault, under the load: on a machine running the rest of make test too,
+// a cold key's refills have outlasted the wait bound five tries in a row (a few seconds), so the
+// bound is time, not tries.
+const probeRetries = 20 * time.Second
+
 // AbuseResult is what the bad-input client found.
 type AbuseResult struct {
 	Probes     []Probe
@@ -211,9 +217,9 @@ func agentProbes(a *Agent, keys *Keys) []Probe {
 		var got string
 		// A check that needs a refill answers with its rule's failure mode when the refill takes
 		// longer than the agent's wait bound (a loaded machine): a decision, but not the one the
-		// probe looks for, so it is asked again a few times, after the Retry-After it was given
-		// (the key's failure backoff; at least 100 ms, at most 2 s).
-		for range 5 {
+		// probe looks for, so it is asked again, after the Retry-After it was given (the key's
+		// failure backoff; at least 100 ms, at most 2 s), for up to probeRetries.
+		for start := time.Now(); ; {
 			ctx, cancel := context.WithTimeout(context.Background(), abuseTimeout)
 			resp, err := a.Client.Check(ctx, req)
 			cancel()
@@ -221,7 +227,7 @@ func agentProbes(a *Agent, keys *Keys) []Probe {
 			if err == nil {
 				got = checkDecision(keys, req, resp)
 			}
-			if got != "decision "+agentv1.Decision_DECISION_UNAVAILABLE.String() {
+			if got != "decision "+agentv1.Decision_DECISION_UNAVAILABLE.String() || time.Since(start) > probeRetries {
 				break
 			}
 			time.Sleep(min(2*time.Second, max(100*time.Millisecond, time.Duration(resp.RetryAfterMs)*time.Millisecond)))
