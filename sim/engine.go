@@ -317,7 +317,7 @@ func (w *world) finish() *Result {
 		c := float64(k.limit.Capacity())
 		r.Keys = append(r.Keys, KeyBound{
 			Key: k.name, CapacityMicro: int64(k.limit.Capacity()), RatePerSecond: float64(num) / float64(den) * 1000,
-			TTL: k.ttl, Spent: k.spent, Granted: k.granted, Returned: k.returned, Grants: k.grants, Ops: k.ops,
+			TTL: k.ttl, Lag: k.lag, Spent: k.spent, Granted: k.granted, Returned: k.returned, Grants: k.grants, Ops: k.ops,
 			AdmitExcess: k.admitted.max, AdmitBound: k.admitBound,
 			BudgetExcess: k.budget.max, BudgetBound: k.budgetBound,
 			PeakBurstShare: k.admitted.max / c,

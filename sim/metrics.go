@@ -123,17 +123,20 @@ type RegionLoad struct {
 
 // KeyBound is the admission and budget check of one bucket key.
 type KeyBound struct {
-	Key            string
-	CapacityMicro  int64
-	RatePerSecond  float64 // µ per second
-	TTL            time.Duration
+	Key           string
+	CapacityMicro int64
+	RatePerSecond float64       // µ per second
+	TTL           time.Duration // the lease lifetime τ; 0 for a rule with lease: off
+	// Lag is the longest a spend may come after its take, which the admission bound allows for: τ,
+	// or with lease: off the longest a check waits (agent.max_wait).
+	Lag            time.Duration
 	Spent          int64   // µ
 	Granted        int64   // µ
 	Returned       int64   // µ sent back
 	Grants         int64   // leases granted
 	Ops            int64   // store operations
 	AdmitExcess    float64 // µ: the largest admitted amount in a window minus r·w
-	AdmitBound     float64 // µ: C + r·(τ + 1 ms)
+	AdmitBound     float64 // µ: C + r·(Lag + 1 ms)
 	BudgetExcess   float64 // µ: the largest net grant in a window minus r·w
 	BudgetBound    float64 // µ: C + r·1 ms + max_debt
 	PeakBurstShare float64 // AdmitExcess / C: 1 is what an exact bucket can reach

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
@@ -32,9 +33,14 @@ type key struct {
 	name  string
 	store int // index in world.stores
 	limit bucket.Limit
-	ttl   time.Duration
+	ttl   time.Duration // the lease lifetime τ; 0 for a rule with lease: off
+	// lag is the longest a spend can come after the take it spends: τ for a lease; in direct mode
+	// (lease: off) the longest a check waits (agent.max_wait), as a direct grant serves only
+	// checks that were waiting when its Acquire was sent and its answer comes before their wait
+	// ends.
+	lag time.Duration
 	// Bounds of DESIGN §5 as excesses over what the bucket refills in the window (window excess,
-	// see drawup): admission ≤ C + r·(τ + 1 ms), budget ≤ C + r·1 ms + max_debt (grants and
+	// see drawup): admission ≤ C + r·(lag + 1 ms), budget ≤ C + r·1 ms + max_debt (grants and
 	// debts less credits). The 1 ms is the key clock's resolution (the store clock is in ms, the
 	// agents' in ns).
 	admitBound  float64
@@ -69,15 +75,38 @@ type key struct {
 	lowest       int64
 }
 
+// newKey is a bucket key of a leased rule (see direct for lease: off).
 func newKey(name string, store int, l bucket.Limit, maxDebt bucket.Micro) *key {
 	k := &key{name: name, store: store, limit: l, ttl: lease.TTL(l), level: bucket.Full(l, 0), maxDebt: int64(maxDebt)}
+	k.lag = k.ttl
 	num, den := l.Rate()
 	k.rate = float64(num) / float64(den) / 1e6
-	c := float64(l.Capacity())
-	k.admitBound = c + k.rate*float64(k.ttl+time.Millisecond)
+	k.bounds()
+	return k
+}
+
+// direct makes k a key of a rule with lease: off: no lease lives, and a spend comes at most
+// maxWait after its take, so the admission bound is C + r·(w + maxWait + 1 ms).
+func (k *key) direct(maxWait time.Duration) {
+	k.ttl, k.lag = 0, maxWait
+	k.bounds()
+}
+
+// lagText names the lag in a violation: τ, or the wait of a rule with lease: off.
+func (k *key) lagText() string {
+	if k.ttl == 0 {
+		return fmt.Sprintf("lease: off, τ = the longest wait %s", k.lag)
+	}
+	return fmt.Sprintf("τ = %s", k.ttl)
+}
+
+// bounds sets the bounds from the limit, the lag and max_debt.
+func (k *key) bounds() {
+	maxDebt := k.maxDebt
+	c := float64(k.limit.Capacity())
+	k.admitBound = c + k.rate*float64(k.lag+time.Millisecond)
 	k.budgetBound = c + k.rate*float64(time.Millisecond) + float64(maxDebt)
 	k.debtBound = k.admitBound + float64(maxDebt)
-	return k
 }
 
 // available reports whether cost µ of the key sat somewhere at ms: in the bucket or in a live

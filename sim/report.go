@@ -154,13 +154,13 @@ func keysCSV(r *Result) [][]string {
 	rows := [][]string{{"key", "capacity_tokens", "rate_per_second", "ttl_ms", "granted_tokens", "spent_tokens",
 		"returned_tokens", "grants", "store_ops", "admit_excess_tokens", "admit_bound_tokens", "budget_excess_tokens",
 		"budget_bound_tokens", "peak_burst_share", "max_debt_tokens", "debited_tokens", "charged_excess_tokens",
-		"debt_bound_tokens", "lowest_level_tokens", "charged_tokens"}}
+		"debt_bound_tokens", "lowest_level_tokens", "charged_tokens", "admit_lag_ms"}}
 	for _, k := range r.Keys {
 		rows = append(rows, []string{k.Key, tok(k.CapacityMicro), f64(k.RatePerSecond / float64(bucket.PerToken)),
 			i64(k.TTL.Milliseconds()), tok(k.Granted), tok(k.Spent), tok(k.Returned), i64(k.Grants), i64(k.Ops),
 			tok(int64(k.AdmitExcess)), tok(int64(k.AdmitBound)), tok(int64(k.BudgetExcess)), tok(int64(k.BudgetBound)),
 			f64(k.PeakBurstShare), tok(k.MaxDebt), tok(k.Debited), tok(int64(k.ChargedExcess)), tok(int64(k.DebtBound)),
-			tok(k.Lowest), tok(k.Charged)})
+			tok(k.Lowest), tok(k.Charged), i64(k.Lag.Milliseconds())})
 	}
 	return rows
 }
@@ -420,8 +420,12 @@ func setupMarkdown(b *strings.Builder, sc *Scenario, r *Result) {
 		fmt.Fprintf(b, "| fault | grants reported %g× what the bucket was debited (a broken grant rule) |\n", f)
 	}
 	for _, rule := range usedRules(sc, r) {
-		fmt.Fprintf(b, "| rule %s | %s, %s scope, on failure %s, lease TTL %s |\n", rule.Name, rule.Quota, rule.Scope,
-			rule.OnFailure, lease.TTL(rule.Quota.Bucket))
+		mode := fmt.Sprintf("lease TTL %s", lease.TTL(rule.Quota.Bucket))
+		if rule.Direct {
+			mode = "lease: off (every check one take)"
+		}
+		fmt.Fprintf(b, "| rule %s | %s, %s scope, on failure %s, %s |\n", rule.Name, rule.Quota, rule.Scope,
+			rule.OnFailure, mode)
 	}
 	b.WriteString("\n")
 }
@@ -506,7 +510,7 @@ func resultMarkdown(b *strings.Builder, sc *Scenario, r *Result) {
 
 	b.WriteString("### Bounds\n\n")
 	fmt.Fprintf(b, "Checked after every admission and every grant, on all %d keys, over every window: "+
-		"admission (spent ≤ C + r·(w + τ)), budget (granted + debited − credited ≤ C + r·w + max_debt), "+
+		"admission (spent ≤ C + r·(w + τ); with lease: off, τ is the longest a check waits, agent.max_wait), budget (granted + debited − credited ≤ C + r·w + max_debt), "+
 		"debt (spent + debited ≤ C + r·(w + τ) + max_debt, level ≥ -max_debt), loss (stranded ≤ outstanding), "+
 		"conservation (every token an agent applied was spent, returned or held).\n\n", len(r.Keys))
 	keys := slices.Clone(r.Keys)
@@ -515,7 +519,11 @@ func resultMarkdown(b *strings.Builder, sc *Scenario, r *Result) {
 	})
 	b.WriteString("| key (closest to its bound) | C | τ | admission excess / bound | budget excess / bound |\n|---|--:|--:|--:|--:|\n")
 	for _, k := range keys[:min(5, len(keys))] {
-		fmt.Fprintf(b, "| %s | %s | %s | %s / %s | %s / %s |\n", code(k.Key), tokens2(k.CapacityMicro), k.TTL,
+		tau := k.TTL.String()
+		if k.TTL == 0 {
+			tau = "off: wait " + k.Lag.String()
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s / %s | %s / %s |\n", code(k.Key), tokens2(k.CapacityMicro), tau,
 			tokens2(int64(k.AdmitExcess)), tokens2(int64(k.AdmitBound)), tokens2(int64(k.BudgetExcess)), tokens2(int64(k.BudgetBound)))
 	}
 	b.WriteString("\n")
@@ -580,6 +588,14 @@ func heldWord(ok bool) string {
 	return "**broke**"
 }
 
+// sweepValue is a sweep point's value as the report shows it: lease's 1 and 0 named.
+func sweepValue(param string, v float64) string {
+	if param == "lease" {
+		return map[bool]string{true: "1 (on)", false: "0 (off)"}[v == 1]
+	}
+	return fmt.Sprintf("%g", v)
+}
+
 func sweepMarkdown(b *strings.Builder, sc *Scenario, s *SweepResult) {
 	fmt.Fprintf(b, "### Sweep over %s\n\n", s.Parameter)
 	fmt.Fprintf(b, "%d runs of %s each, one per value (all figures in [sweep.csv](%s/sweep.csv)).\n\n",
@@ -587,7 +603,7 @@ func sweepMarkdown(b *strings.Builder, sc *Scenario, s *SweepResult) {
 	fmt.Fprintf(b, "| %s | utilisation | under-use | stranded per crash | crashes | false denies | 503 | coordinator calls / 1k | store ops / 1k | wait p99 | peak burst | bounds |\n", s.Parameter)
 	b.WriteString("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
 	for _, p := range s.Points {
-		fmt.Fprintf(b, "| %g | %s | %s | %s | %d | %s | %s | %.1f | %.1f | %s | %.3f | %s |\n", p.Value, pct(p.Utilisation()),
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %d | %s | %s | %.1f | %.1f | %s | %.3f | %s |\n", sweepValue(s.Parameter, p.Value), pct(p.Utilisation()),
 			pct(p.Underuse()), perCrash(p), len(p.Crashes), pct(p.FalseDenyShare()), pct(ratio(p.Totals.Unavailable, p.Totals.Requests)),
 			1000*p.CallsPerCheck(), 1000*p.StoreOpsPerCheck(), dfmt(p.Latency.WaitP99), p.PeakBurstShare(), boundsCell(p))
 	}

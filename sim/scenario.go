@@ -198,7 +198,7 @@ type Sweep struct {
 }
 
 // sweepParams are the parameters a sweep can vary.
-var sweepParams = []string{"agents", "burst_factor", "crash_rate", "hot_share", "load", "want_factor", "zipf"}
+var sweepParams = []string{"agents", "burst_factor", "crash_rate", "hot_share", "lease", "load", "want_factor", "zipf"}
 
 // Load reads and validates a scenario file; the policy file it names is read relative to it.
 func Load(path string) (*Scenario, error) {
@@ -336,6 +336,9 @@ func (sc *Scenario) prepare() error {
 		for _, v := range s.Values {
 			if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
 				return fmt.Errorf("sweep.values: %v is not a non-negative number", v)
+			}
+			if s.Parameter == "lease" && v != 0 && v != 1 {
+				return fmt.Errorf("sweep.values: lease %v: 1 (every rule lease: on) or 0 (lease: off)", v)
 			}
 		}
 	}

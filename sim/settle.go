@@ -282,9 +282,9 @@ func (w *world) settle(j *settleJob) {
 func (w *world) spend(k *key, t int64, x float64) {
 	if e := k.admitted.add(t, x, k.rate); e > k.admitBound+tolerance {
 		w.violate("admission", k.name, t,
-			"agents spent %s tokens in [%s, %s]: more than C + r·(w + τ) allows by %s tokens (C = %s, τ = %s)",
+			"agents spent %s tokens in [%s, %s]: more than C + r·(w + τ) allows by %s tokens (C = %s, %s)",
 			tokens(int64(e+k.rate*float64(t-k.admitted.start))), time.Duration(k.admitted.start), time.Duration(t),
-			tokens(int64(e-k.admitBound)), tokens(int64(k.limit.Capacity())), k.ttl)
+			tokens(int64(e-k.admitBound)), tokens(int64(k.limit.Capacity())), k.lagText())
 	}
 	w.charge(k, t, x)
 }

@@ -189,6 +189,9 @@ func (w *world) addGroup(g *Identities, identIdx map[string]int32) ([]int32, err
 					st = 1 + rg.idx
 				}
 				k = newKey(name, st, lim.Bucket, lim.MaxDebt)
+				if route.Rule.Direct {
+					k.direct(w.sc.Agent.MaxWait.D())
+				}
 				k.idx = int32(len(w.keys))
 				w.keyIdx[name] = k
 				w.keys = append(w.keys, k)

@@ -379,6 +379,10 @@ func TestWith(t *testing.T) {
 		{"zipf", 0.7, func(c *Scenario) bool { return c.Traffic[0].Skew.Zipf == 0.7 && c.Traffic[1].Skew.Zipf == 0 }},
 		{"hot_share", 0.2, func(c *Scenario) bool { return c.Traffic[1].Skew.Hot == 0.2 && c.Traffic[0].Skew.Hot == 0 }},
 		{"want_factor", 1.5, func(c *Scenario) bool { return c.Agent.WantFactor == 1.5 }},
+		{"lease", 0, func(c *Scenario) bool {
+			return c.policy.Rule("orders").Direct && c.policy.Rule("catalog").Direct && c.policy.Rule("search").Direct
+		}},
+		{"lease", 1, func(c *Scenario) bool { return !c.policy.Rule("orders").Direct && !c.policy.Rule("search").Direct }},
 		{"burst_factor", 2, func(c *Scenario) bool {
 			r := c.policy.Rule("search")
 			return c.policy.Rule("orders").Quota.Burst == 80 && r.Regions[0].Burst == 40 && r.Quota.Burst == 80 &&
@@ -394,13 +398,13 @@ func TestWith(t *testing.T) {
 			t.Errorf("With(%s, %v) did not apply", tc.param, tc.v)
 		}
 	}
-	if sc.numAgents() != 7 || sc.Traffic[0].Rate != 150 || sc.policy.Rule("orders").Quota.Burst != 40 {
+	if sc.numAgents() != 7 || sc.Traffic[0].Rate != 150 || sc.policy.Rule("orders").Quota.Burst != 40 || sc.policy.Rule("orders").Direct {
 		t.Error("With changed the original scenario")
 	}
 	for _, bad := range []struct {
 		param string
 		v     float64
-	}{{"agents", 1}, {"hot_share", 2}, {"want_factor", 0}, {"tick", 1}} {
+	}{{"agents", 1}, {"hot_share", 2}, {"want_factor", 0}, {"lease", 0.5}, {"tick", 1}} {
 		if _, err := sc.With(bad.param, bad.v); err == nil {
 			t.Errorf("With(%s, %v) succeeded", bad.param, bad.v)
 		}
@@ -416,6 +420,7 @@ func TestParseErrors(t *testing.T) {
 		{"outages: [{kind: redis, from: 2s, to: 1s}]\n", "after from"},
 		{"partitions: [{region: mars, from: 1s, to: 2s}]\n", "partitions[0]"},
 		{"sweep: {parameter: colour, values: [1]}\n", "sweep.parameter"},
+		{"sweep: {parameter: lease, values: [1, 2]}\n", "lease 2"},
 		{"faults: {overgrant_factor: 0.5}\n", "overgrant"},
 		{"agent: {max_wait: soon}\n", "not a duration"},
 		{"unknown_field: 1\n", "unknown_field"},

@@ -48,6 +48,7 @@ func runSweep(sc *Scenario, opts Options) (*SweepResult, error) {
 //	burst_factor  every burst of the policy multiplied (so the lease TTL, C/(4r), too)
 //	crash_rate    crashes per agent and hour
 //	hot_share     the hot key's share of every traffic entry with a hot key
+//	lease         1: every rule keeps leases (lease: on), 0: every rule is in direct mode (lease: off)
 //	load          every traffic rate multiplied
 //	want_factor   what agents ask for multiplied (the grant rule caps it at 2× their demand)
 //	zipf          the Zipf exponent of every Zipf-skewed traffic entry
@@ -104,6 +105,18 @@ func (sc *Scenario) With(param string, v float64) (*Scenario, error) {
 			if c.Traffic[i].Skew.Hot > 0 {
 				c.Traffic[i].Skew.Hot = v
 			}
+		}
+	case "lease":
+		if v != 0 && v != 1 {
+			return nil, fmt.Errorf("sim: %s: lease %v: 1 (on) or 0 (off)", sc.Name, v)
+		}
+		text, err := setLease(sc.text, v == 1)
+		if err != nil {
+			return nil, fmt.Errorf("sim: %s: lease %v: %w", sc.Name, v, err)
+		}
+		c.text = text
+		if err := c.parsePolicy(); err != nil {
+			return nil, fmt.Errorf("sim: %s: lease %v: %w", sc.Name, v, err)
 		}
 	case "load":
 		for i := range c.Traffic {
@@ -162,6 +175,45 @@ func scaleBursts(text []byte, f float64) ([]byte, error) {
 	}
 	if err := walk(&doc); err != nil {
 		return nil, err
+	}
+	return yaml.Marshal(&doc)
+}
+
+// setLease sets lease: on or off on every rule of a policy document (its rules list), replacing
+// what a rule says.
+func setLease(text []byte, on bool) ([]byte, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(text, &doc); err != nil {
+		return nil, err
+	}
+	if len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("the policy is not a mapping")
+	}
+	value := "off"
+	if on {
+		value = "on"
+	}
+	top := doc.Content[0]
+	for i := 0; i+1 < len(top.Content); i += 2 {
+		if top.Content[i].Value != "rules" || top.Content[i+1].Kind != yaml.SequenceNode {
+			continue
+		}
+		for _, rule := range top.Content[i+1].Content {
+			if rule.Kind != yaml.MappingNode {
+				continue // policy.Parse says what is wrong with it
+			}
+			set := false
+			for j := 0; j+1 < len(rule.Content); j += 2 {
+				if rule.Content[j].Value == "lease" {
+					rule.Content[j+1].SetString(value)
+					set = true
+				}
+			}
+			if !set {
+				rule.Content = append(rule.Content,
+					&yaml.Node{Kind: yaml.ScalarNode, Value: "lease"}, &yaml.Node{Kind: yaml.ScalarNode, Value: value})
+			}
+		}
 	}
 	return yaml.Marshal(&doc)
 }
