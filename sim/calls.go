@@ -185,11 +185,11 @@ func (w *world) serve(c *call) {
 					c.granted += r.GrantedMicro
 				}
 				if back := a.Items[i].ReturnMicro; back > 0 {
-					w.credited(back, r.CreditedMicro, r.Status == coordinatorv1.Status_STATUS_OK || r.Status == coordinatorv1.Status_STATUS_DENIED)
+					w.credited(back, r.CreditedMicro, r.Status, r.Status == coordinatorv1.Status_STATUS_OK || r.Status == coordinatorv1.Status_STATUS_DENIED)
 				}
 			}
 			for i, r := range c.acq.Returns {
-				w.credited(a.Returns[i].UnspentMicro, r.CreditedMicro, r.Status == coordinatorv1.Status_STATUS_OK)
+				w.credited(a.Returns[i].UnspentMicro, r.CreditedMicro, r.Status, r.Status == coordinatorv1.Status_STATUS_OK)
 			}
 			c.inc.granted += c.granted
 		}
@@ -197,7 +197,7 @@ func (w *world) serve(c *call) {
 		c.ret, c.err = g.svc.Return(ctx, c.c.Return)
 		if c.err == nil && len(c.ret.Results) == len(c.c.Return.Items) {
 			for i, r := range c.ret.Results {
-				w.credited(c.c.Return.Items[i].UnspentMicro, r.CreditedMicro, r.Status == coordinatorv1.Status_STATUS_OK)
+				w.credited(c.c.Return.Items[i].UnspentMicro, r.CreditedMicro, r.Status, r.Status == coordinatorv1.Status_STATUS_OK)
 			}
 		}
 	}
@@ -211,9 +211,15 @@ func (w *world) serve(c *call) {
 	w.answer(c, w.now+fromStore+back)
 }
 
-// credited books what a bucket credited for unspent µ handed back (ok: the store applied it).
-func (w *world) credited(unspent, credited int64, ok bool) {
+// credited books what a bucket credited for unspent µ handed back (ok: the store applied it). A
+// hand-back answered STALE did nothing: the agent hands it back again (unhandedBack), or, dead
+// by the time the answer comes, loses it (deliver).
+func (w *world) credited(unspent, credited int64, st coordinatorv1.Status, ok bool) {
 	l := &w.res.Loss
+	if st == coordinatorv1.Status_STATUS_STALE {
+		w.res.Backend.StaleBacks++
+		return
+	}
 	if !ok {
 		l.Lost += unspent
 		return
@@ -263,6 +269,7 @@ func (w *world) deliver(c *call) {
 		}
 	}
 	if inc.dead {
+		w.unhandedBack(inc, c, f, true)
 		return
 	}
 	if c.c.Acquire != nil && c.err == nil {
@@ -277,7 +284,7 @@ func (w *world) deliver(c *call) {
 	if err := inc.lim.Apply(clock.Nanos(w.now), c.c, reply); errors.Is(err, agent.ErrUnknownPolicy) {
 		w.violate("policy", inc.id, w.now, "the coordinator did not know the agent's policy: %v", c.err)
 	}
-	w.unhandedBack(inc, c.c, f)
+	w.unhandedBack(inc, c, f, false)
 	for _, ref := range c.c.Refs() {
 		w.wakeKey(inc, w.keyOf(ref).idx)
 	}
@@ -286,14 +293,22 @@ func (w *world) deliver(c *call) {
 	w.pump(inc)
 }
 
-// unhandedBack books the leases a call that was not applied handed back: the agent keeps them
-// to hand back again.
-func (w *world) unhandedBack(inc *incarnation, c *agent.Call, f agent.Failure) {
-	if f != agent.NotApplied && f != agent.UnknownPolicy {
+// unhandedBack books the leases a call handed back that were not applied, which the agent keeps
+// to hand back again (agent.Limiter.Apply): all of them when the call was not applied, and
+// those answered STALE in a call that was (a newer operation of the agent on the key overtook
+// the hand-back at the store, which then did nothing). With dead, the agent is gone and they
+// are lost.
+func (w *world) unhandedBack(inc *incarnation, call *call, f agent.Failure, dead bool) {
+	whole := f == agent.NotApplied || f == agent.UnknownPolicy
+	if !whole && f != agent.Answered {
 		return
 	}
-	undo := func(ref *coordinatorv1.BucketRef, amount int64) {
-		if amount <= 0 {
+	undo := func(ref *coordinatorv1.BucketRef, amount int64, st coordinatorv1.Status) {
+		if amount <= 0 || !whole && st != coordinatorv1.Status_STATUS_STALE {
+			return
+		}
+		if dead {
+			w.res.Loss.Lost += amount
 			return
 		}
 		inc.returned -= amount
@@ -302,17 +317,40 @@ func (w *world) unhandedBack(inc *incarnation, c *agent.Call, f agent.Failure) {
 		k.leased += amount
 		k.returned -= amount
 	}
-	if c.Acquire != nil {
-		for _, it := range c.Acquire.Items {
-			undo(it.Bucket, it.ReturnMicro)
+	// status is the i-th answer of a list of n (none when the call was not applied); an answer
+	// of another length is one the agent trusts nothing of (MaybeApplied).
+	status := func(i, n int, got []coordinatorv1.Status) coordinatorv1.Status {
+		if whole || len(got) != n {
+			return coordinatorv1.Status_STATUS_UNSPECIFIED
 		}
-		for _, it := range c.Acquire.Returns {
-			undo(it.Bucket, it.UnspentMicro)
+		return got[i]
+	}
+	c := call.c
+	if c.Acquire != nil {
+		var items, returns []coordinatorv1.Status
+		for _, r := range call.acq.GetResults() {
+			items = append(items, r.GetStatus())
+		}
+		for _, r := range call.acq.GetReturns() {
+			returns = append(returns, r.GetStatus())
+		}
+		if len(items) != len(c.Acquire.Items) {
+			returns = nil // applyAcquire: MaybeApplied, returns included
+		}
+		for i, it := range c.Acquire.Items {
+			undo(it.Bucket, it.ReturnMicro, status(i, len(c.Acquire.Items), items))
+		}
+		for i, it := range c.Acquire.Returns {
+			undo(it.Bucket, it.UnspentMicro, status(i, len(c.Acquire.Returns), returns))
 		}
 		return
 	}
-	for _, it := range c.Return.Items {
-		undo(it.Bucket, it.UnspentMicro)
+	var results []coordinatorv1.Status
+	for _, r := range call.ret.GetResults() {
+		results = append(results, r.GetStatus())
+	}
+	for i, it := range c.Return.Items {
+		undo(it.Bucket, it.UnspentMicro, status(i, len(c.Return.Items), results))
 	}
 }
 

@@ -88,11 +88,14 @@ type Backend struct {
 	ReturnCalls  int64
 	ReturnItems  int64
 	FailedCalls  int64 // calls that failed as a whole (outage, timeout, store down)
-	StoreOps     int64 // items that reached a store: one Redis script call each
-	Stores       []StoreLoad
-	Regions      []RegionLoad
-	HotKey       string // the key with the most store operations
-	HotKeyOps    int64
+	// StaleBacks are hand-backs the store answered STALE: a newer operation of their agent on the
+	// key got there first, so nothing was credited, and the agent hands them back again.
+	StaleBacks int64
+	StoreOps   int64 // items that reached a store: one Redis script call each
+	Stores     []StoreLoad
+	Regions    []RegionLoad
+	HotKey     string // the key with the most store operations
+	HotKeyOps  int64
 }
 
 // Steady is the load after the scenario's warm-up: what a fleet in steady state asks of

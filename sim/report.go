@@ -275,6 +275,14 @@ func perCrash(r *Result) string {
 	return fmt.Sprintf("%.2f tokens", r.StrandedPerCrash()/float64(bucket.PerToken))
 }
 
+// violationList lists r's violations kept (the first of each kind and key).
+func violationList(b *strings.Builder, r *Result) {
+	for _, v := range r.Violations {
+		fmt.Fprintf(b, "- %s at %s on %s: %s\n", v.Kind, dfmt(v.At), code(v.Key), v.Detail)
+	}
+	b.WriteString("\n")
+}
+
 func boundsCell(r *Result) string {
 	if r.Failed() {
 		return fmt.Sprintf("**FAILED** (%d violations)", r.ViolationCount)
@@ -529,10 +537,7 @@ func resultMarkdown(b *strings.Builder, sc *Scenario, r *Result) {
 	b.WriteString("\n")
 	if r.Failed() {
 		fmt.Fprintf(b, "**FAILED: %d violations.** The first of each kind and key:\n\n", r.ViolationCount)
-		for _, v := range r.Violations {
-			fmt.Fprintf(b, "- %s at %s on %s: %s\n", v.Kind, dfmt(v.At), code(v.Key), v.Detail)
-		}
-		b.WriteString("\n")
+		violationList(b, r)
 	} else {
 		b.WriteString("No bound broke.\n\n")
 	}
@@ -548,6 +553,9 @@ func resultMarkdown(b *strings.Builder, sc *Scenario, r *Result) {
 	lr("Return calls", g.ReturnCalls)
 	lr("Return items", g.ReturnItems)
 	lr("calls that failed", g.FailedCalls)
+	if g.StaleBacks > 0 {
+		lr("hand-backs overtaken at the store (STALE), sent again", g.StaleBacks)
+	}
 	lr("store (Redis) operations", g.StoreOps)
 	for _, rg := range g.Regions {
 		fmt.Fprintf(b, "| coordinator calls in %s, per replica (%d) | %s | %.1f | |\n", rg.Name, rg.Coordinators,
@@ -608,6 +616,13 @@ func sweepMarkdown(b *strings.Builder, sc *Scenario, s *SweepResult) {
 			1000*p.CallsPerCheck(), 1000*p.StoreOpsPerCheck(), dfmt(p.Latency.WaitP99), p.PeakBurstShare(), boundsCell(p))
 	}
 	b.WriteString("\n")
+	for _, p := range s.Points {
+		if p.Failed() {
+			fmt.Fprintf(b, "**FAILED at %s %s: %d violations.** The first of each kind and key:\n\n",
+				s.Parameter, sweepValue(s.Parameter, p.Value), p.ViolationCount)
+			violationList(b, p)
+		}
+	}
 	for _, p := range sweepPlots(s) {
 		fmt.Fprintf(b, "![%s](%s/%s)\n\n", p.title, sc.Name, p.file)
 	}

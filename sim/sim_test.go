@@ -317,6 +317,20 @@ func TestBrokenGrantRuleFails(t *testing.T) {
 	if !strings.Contains(b.String(), "FAILED") {
 		t.Fatal("the report does not say the run failed")
 	}
+	// A sweep point that breaks a bound says which, under the sweep's table.
+	swept := *sc
+	swept.Sweep = &Sweep{Parameter: "load", Values: []float64{1}, Duration: Duration(20 * time.Second)}
+	sw, err := runSweep(&swept, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Reset()
+	if err := markdown(&b, []*Outcome{{Scenario: &swept, Result: res, Sweep: sw}}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "**FAILED at load 1: ") || !strings.Contains(b.String(), "- admission at ") {
+		t.Fatal("the report does not list the violations of the failed sweep point")
+	}
 	// The same scenario with the real grant rule holds.
 	sc.Faults.OvergrantFactor = 0
 	if res := run(t, sc); res.Failed() {
