@@ -145,9 +145,21 @@ func TestDeterminism(t *testing.T) {
 }
 
 // TestMixedHoldsTheBounds: under crashes, outages and a partition, no bound breaks and every
-// mechanism was exercised.
+// mechanism was exercised, with leases and with every rule in direct mode (lease: off).
 func TestMixedHoldsTheBounds(t *testing.T) {
-	res := run(t, parse(t, mixed))
+	for _, lease := range []float64{1, 0} {
+		t.Run(sweepValue("lease", lease), func(t *testing.T) {
+			sc, err := parse(t, mixed).With("lease", lease)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mixedHolds(t, run(t, sc))
+		})
+	}
+}
+
+func mixedHolds(t *testing.T, res *Result) {
+	t.Helper()
 	if res.Failed() {
 		t.Fatalf("violations: %+v", res.Violations)
 	}
