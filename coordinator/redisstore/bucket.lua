@@ -68,12 +68,12 @@ end
 
 -- Idempotency (common.lua): a repeat is answered from its record, an older operation is stale.
 local took_at = nil -- the key clock of this agent's last take (lease.Contend)
-local rec_words, answer = replay(record, tokens, last)
+local rec_at, answer = replay(record, tokens, last)
 if answer then
   return answer
 end
-if rec_words and op == 'take' then
-  took_at = rec_words[#rec_words] -- a record's time is its last word
+if op == 'take' then
+  took_at = rec_at
 end
 
 if not tokens or not last then

@@ -24,14 +24,12 @@ local WHOLE = 1000 -- bucket.WholeShare
 local NEVER = -1 -- bucket.Never
 local REPLAYED, STALE = 1, 2
 
--- now: the injected clock, or Redis TIME in milliseconds.
+-- now: the injected clock, or Redis TIME in milliseconds (intmath.lua).
 local now
 if injected then
   now = tonumber(ARGV[11])
 else
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000 -- seconds since 1970 * 1000 < 2^53 for another 285,000 years
-    + idiv(tonumber(time[2]), 1000)
+  now = redis_ms()
 end
 
 -- The calling agent's record of its last take or return (coordinator.OpID); nil when the call is
@@ -46,9 +44,10 @@ if agent ~= '' then
   end
 end
 
--- Idempotency: the words of the calling agent's last record on the key (nil without one), and
--- the answer to a repeat of that operation (REPLAYED, from the record) or to an older one (STALE),
--- nil for a new operation. Neither changes anything. Take records hold "seq granted remaining
+-- Idempotency: the time of the calling agent's last record on the key (its last word; nil
+-- without one), and the answer to a repeat of that operation (REPLAYED, from the record) or to an
+-- older one (STALE), nil for a new operation. Neither changes anything. Only a repeat's record is
+-- parsed whole. Take records hold "seq granted remaining
 -- retry credited pace demand debited now" (older versions "seq granted remaining retry credited
 -- pace demand now" and "seq granted remaining retry [credited] now": no debt charged), return
 -- records "seq credited remaining now", multi.lua's records "seq granted remaining retry refused
@@ -58,29 +57,31 @@ local function replay(record, tokens, last)
   if not record then
     return nil, nil
   end
+  local first = tonumber(string.match(record, '^%S+'))
+  if first < seq then
+    return tonumber(string.match(record, '%S+$')), nil
+  elseif first > seq then
+    return nil, {0, tokens, 0, last, STALE, 0, 0, 0}
+  end
   local f = {}
   for w in string.gmatch(record, '%S+') do
     f[#f + 1] = tonumber(w)
   end
-  if f[1] == seq then
-    if op == 'multi' then -- "seq granted remaining retry refused now"
-      return f, {f[2], f[3], f[4], f[6], REPLAYED, f[5], 0, 0}
-    end
-    if op == 'take' then
-      if #f == 9 then
-        return f, {f[2], f[3], f[4], f[9], REPLAYED, f[5], f[6], f[8]}
-      elseif #f == 8 then
-        return f, {f[2], f[3], f[4], f[8], REPLAYED, f[5], f[6], 0}
-      elseif #f == 6 then
-        return f, {f[2], f[3], f[4], f[6], REPLAYED, f[5], 0, 0}
-      end
-      return f, {f[2], f[3], f[4], f[5], REPLAYED, 0, 0, 0}
-    end
-    return f, {f[2], f[3], 0, f[4], REPLAYED, 0, 0, 0}
-  elseif f[1] > seq then
-    return f, {0, tokens, 0, last, STALE, 0, 0, 0}
+  local at = f[#f]
+  if op == 'multi' then -- "seq granted remaining retry refused now"
+    return at, {f[2], f[3], f[4], f[6], REPLAYED, f[5], 0, 0}
   end
-  return f, nil
+  if op == 'take' then
+    if #f == 9 then
+      return at, {f[2], f[3], f[4], f[9], REPLAYED, f[5], f[6], f[8]}
+    elseif #f == 8 then
+      return at, {f[2], f[3], f[4], f[8], REPLAYED, f[5], f[6], 0}
+    elseif #f == 6 then
+      return at, {f[2], f[3], f[4], f[6], REPLAYED, f[5], 0, 0}
+    end
+    return at, {f[2], f[3], f[4], f[5], REPLAYED, 0, 0, 0}
+  end
+  return at, {f[2], f[3], 0, f[4], REPLAYED, 0, 0, 0}
 end
 
 -- State.TakeShare on tokens already refilled: the grant of a take of want, at least least, capped at
