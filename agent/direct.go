@@ -71,7 +71,7 @@ func (l *Limiter) refusedBy(e *entry, refused uint32) (*policy.Rule, *policy.Lim
 		return e.rule, e.lim
 	}
 	r := set.RouteByID(charges[refused-1])
-	lim, err := set.Limits(r, e.tenant, l.cfg.Region)
+	lim, err := set.Limits(r, e.tenant, e.lim.Region) // the region alsoRefs named it with
 	if err != nil {
 		return e.rule, e.lim
 	}
