@@ -598,8 +598,10 @@ func heldWord(ok bool) string {
 
 // sweepValue is a sweep point's value as the report shows it: lease's 1 and 0 named.
 func sweepValue(param string, v float64) string {
-	if param == "lease" {
-		return map[bool]string{true: "1 (on)", false: "0 (off)"}[v == 1]
+	if param == "lease" && v == 1 {
+		return "1 (on)"
+	} else if param == "lease" {
+		return "0 (off)"
 	}
 	return fmt.Sprintf("%g", v)
 }
