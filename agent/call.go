@@ -399,7 +399,7 @@ func (l *Limiter) returnItem(now clock.Nanos, v *view, e *entry) (*coordinatorv1
 	if e.returning {
 		return nil, false // the answer to the hand-back out queues this one (applyReturns)
 	}
-	if credit := l.creditEstimate(now, e, b); credit <= 0 || (credit < e.unit && !e.dead.Load() && !handsBackAlone(e)) {
+	if credit := l.creditEstimate(now, e, b); credit <= 0 || !goesAlone(e, credit) {
 		l.settleBackLocked(now, e) // decayed (dropped), or waits for its key's refill
 		return nil, false
 	}

@@ -32,7 +32,7 @@ func (l *Limiter) settleBackLocked(now clock.Nanos, e *entry) {
 		e.clearBack()
 		return
 	}
-	if e.backed || (credit < e.unit && !e.dead.Load() && !handsBackAlone(e)) {
+	if e.backed || !goesAlone(e, credit) {
 		return // queued already, or waits for its key's next refill
 	}
 	e.backed = true
@@ -97,6 +97,14 @@ func (l *Limiter) Withheld() []Forfeit {
 		e.unlock()
 	})
 	return out
+}
+
+// goesAlone reports whether a hand-back of e that a coordinator would credit credit > 0 goes in
+// a call of its own rather than with its key's next refill: it is worth a request, its entry is
+// gone (no refill will come), or it is the grant of a direct take of several buckets, which no
+// refill carries (handsBackAlone).
+func goesAlone(e *entry, credit bucket.Micro) bool {
+	return credit >= e.unit || e.dead.Load() || handsBackAlone(e)
 }
 
 // creditEstimate is the most a coordinator would credit for b now (bucket.State.Return): its
