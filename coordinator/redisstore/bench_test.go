@@ -10,17 +10,12 @@ import (
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/redisstore"
 	"github.com/leasebucket/leasebucket/internal/bucket"
-	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
 )
 
 // benchStore is a Store on a fresh redis-server with the script loaded, and a counter of its
 // round trips.
 func benchStore(b *testing.B) (*redisstore.Store, *redis.Client, *tripCounter) {
-	srv := redistest.Start(b)
-	rdb := srv.Client(b)
-	counter := newTripCounter()
-	rdb.AddHook(counter.hook(srv.Addr()))
-	s := redisstore.New(rdb)
+	s, rdb, counter, _ := countedStore(b)
 	if err := s.Load(context.Background()); err != nil {
 		b.Fatal(err)
 	}

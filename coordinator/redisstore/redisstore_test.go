@@ -231,6 +231,16 @@ type tripCounter struct {
 
 func newTripCounter() *tripCounter { return &tripCounter{trips: map[string]int{}} }
 
+// countedStore is a Store on a fresh redis-server (srv's address is where counter counts), its
+// client, and a counter of its round trips and script loads.
+func countedStore(tb testing.TB) (*redisstore.Store, *redis.Client, *tripCounter, string) {
+	srv := redistest.Start(tb)
+	rdb := srv.Client(tb)
+	counter := newTripCounter()
+	rdb.AddHook(counter.hook(srv.Addr()))
+	return redisstore.New(rdb), rdb, counter, srv.Addr()
+}
+
 func (c *tripCounter) hook(addr string) redis.Hook { return counterHook{c, addr} }
 
 // reset returns the counts so far and starts again from zero.
@@ -276,11 +286,7 @@ func (h counterHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // and resends only the failed commands; the batch after it is one round trip again. Nothing is
 // charged twice. A batch of one is a single command rather than a pipeline, with the same rule.
 func TestNoScriptCostsOneExtraRoundTripOnce(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	counter := newTripCounter()
-	rdb.AddHook(counter.hook(srv.Addr()))
-	s := redisstore.New(rdb)
+	s, rdb, counter, addr := countedStore(t)
 	l := mustLimit(t, 100*tok, 0, 0)
 	for _, n := range []int{3, 1} {
 		var batch []coordinator.TakeRequest
@@ -312,9 +318,9 @@ func TestNoScriptCostsOneExtraRoundTripOnce(t *testing.T) {
 				}
 			}
 			trips, loads := counter.reset()
-			if trips[srv.Addr()] != tc.trips || loads != tc.load {
+			if trips[addr] != tc.trips || loads != tc.load {
 				t.Fatalf("batch of %d, %d (script flushed: %v): %d round trips and %d loads, want %d and %d",
-					n, i, tc.flush, trips[srv.Addr()], loads, tc.trips, tc.load)
+					n, i, tc.flush, trips[addr], loads, tc.trips, tc.load)
 			}
 		}
 	}
@@ -323,11 +329,7 @@ func TestNoScriptCostsOneExtraRoundTripOnce(t *testing.T) {
 // TestNoScriptMultiReturn: a return to several buckets is a multi.lua call of its own; after a
 // flush of the script cache it loads the script and is resent once, crediting each bucket once.
 func TestNoScriptMultiReturn(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	counter := newTripCounter()
-	rdb.AddHook(counter.hook(srv.Addr()))
-	s := redisstore.New(rdb)
+	s, rdb, counter, addr := countedStore(t)
 	l := mustLimit(t, 100*tok, 0, 0) // never refills: nothing decays between the calls
 	also := []coordinator.Bucket{{Key: "b", Limit: l}}
 	for i, flush := range []bool{true, false} {
@@ -349,8 +351,8 @@ func TestNoScriptMultiReturn(t *testing.T) {
 			t.Fatalf("return %d: %v %+v, want 5 tokens credited to each bucket", i, err, got)
 		}
 		trips, loads := counter.reset()
-		if want := map[bool]int{true: 2, false: 1}[flush]; trips[srv.Addr()] != want || loads != map[bool]int{true: 1}[flush] {
-			t.Fatalf("return %d (script flushed: %v): %d round trips and %d loads", i, flush, trips[srv.Addr()], loads)
+		if want := map[bool]int{true: 2, false: 1}[flush]; trips[addr] != want || loads != map[bool]int{true: 1}[flush] {
+			t.Fatalf("return %d (script flushed: %v): %d round trips and %d loads", i, flush, trips[addr], loads)
 		}
 		for _, k := range []string{"a", "b"} {
 			if got, err := rdb.HGet(ctx(t), k, "t").Int64(); err != nil || got != int64(100*tok) {
