@@ -317,40 +317,31 @@ func (w *world) unhandedBack(inc *incarnation, call *call, f agent.Failure, dead
 		k.leased += amount
 		k.returned -= amount
 	}
-	// status is the i-th answer of a list of n (none when the call was not applied); an answer
-	// of another length is one the agent trusts nothing of (MaybeApplied).
-	status := func(i, n int, got []coordinatorv1.Status) coordinatorv1.Status {
-		if whole || len(got) != n {
-			return coordinatorv1.Status_STATUS_UNSPECIFIED
-		}
-		return got[i]
-	}
+	// An answer of another length than the call's items is one the agent trusts nothing of
+	// (MaybeApplied), returns included: no hand-back of it goes again.
 	c := call.c
 	if c.Acquire != nil {
-		var items, returns []coordinatorv1.Status
-		for _, r := range call.acq.GetResults() {
-			items = append(items, r.GetStatus())
-		}
-		for _, r := range call.acq.GetReturns() {
-			returns = append(returns, r.GetStatus())
-		}
-		if len(items) != len(c.Acquire.Items) {
-			returns = nil // applyAcquire: MaybeApplied, returns included
+		results, returns := call.acq.GetResults(), call.acq.GetReturns()
+		if !whole && len(results) != len(c.Acquire.Items) {
+			return
 		}
 		for i, it := range c.Acquire.Items {
-			undo(it.Bucket, it.ReturnMicro, status(i, len(c.Acquire.Items), items))
+			undo(it.Bucket, it.ReturnMicro, statusOf(whole, i, results))
+		}
+		if !whole && len(returns) != len(c.Acquire.Returns) {
+			return
 		}
 		for i, it := range c.Acquire.Returns {
-			undo(it.Bucket, it.UnspentMicro, status(i, len(c.Acquire.Returns), returns))
+			undo(it.Bucket, it.UnspentMicro, statusOf(whole, i, returns))
 		}
 		return
 	}
-	var results []coordinatorv1.Status
-	for _, r := range call.ret.GetResults() {
-		results = append(results, r.GetStatus())
+	results := call.ret.GetResults()
+	if !whole && len(results) != len(c.Return.Items) {
+		return
 	}
 	for i, it := range c.Return.Items {
-		undo(it.Bucket, it.UnspentMicro, status(i, len(c.Return.Items), results))
+		undo(it.Bucket, it.UnspentMicro, statusOf(whole, i, results))
 	}
 }
 
@@ -361,4 +352,12 @@ func (w *world) forfeits(inc *incarnation) {
 		w.res.Loss.Expired += int64(f.Amount)
 		w.keyOf(f.Ref()).leased -= int64(f.Amount)
 	}
+}
+
+// statusOf is the status of the i-th of answers, none when the call was not applied (whole).
+func statusOf[R interface{ GetStatus() coordinatorv1.Status }](whole bool, i int, answers []R) coordinatorv1.Status {
+	if whole {
+		return coordinatorv1.Status_STATUS_UNSPECIFIED
+	}
+	return answers[i].GetStatus()
 }
