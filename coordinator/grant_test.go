@@ -22,7 +22,8 @@ import (
 //	                                            PlanGrant (D in µ per second; U one request's cost,
 //	                                            1t if absent; direct: the rule has lease: off)
 //	grant tokens=B needed=N min=M [...]         PlanGrant, then the store's TakeShare on a bucket
-//	                                            holding B
+//	                                            holding B, of the ample want where the bucket stays
+//	                                            ample (lease.Ample; no agent competes here)
 //
 // Rewrite the expected outputs with `go test ./coordinator -run TestGrantSpec -rewrite`.
 func TestGrantSpec(t *testing.T) {
@@ -50,7 +51,11 @@ func TestGrantSpec(t *testing.T) {
 				}
 				const now = 1_000_000
 				s := bucket.State{Tokens: bucket.Micro(arg(t, d, "tokens")), Last: now}
-				r := s.TakeShare(l, now, p.Want, p.Least, p.Share, p.Unit)
+				want := p.Want
+				if p.AmpleWant > want && lease.Ample(l, s.Tokens, p.AmpleWant) {
+					want = p.AmpleWant
+				}
+				r := s.TakeShare(l, now, want, p.Least, p.Share, p.Unit)
 				return fmt.Sprintf("%s\ngranted=%s remaining=%s retry=%s", showPlan(p), tok(r.Granted), tok(r.Remaining), ms(r.RetryAfter))
 			default:
 				d.Fatalf(t, "unknown command %q", d.Cmd)
@@ -71,7 +76,7 @@ func planArgs(t *testing.T, d *datadriven.TestData, l bucket.Limit) (lease.Plan,
 }
 
 func showPlan(p lease.Plan) string {
-	return fmt.Sprintf("want=%s min=%s unit=%s share=%d‰ ttl=%s", tok(p.Want), tok(p.Least), tok(p.Unit), p.Share, p.TTL)
+	return fmt.Sprintf("want=%s ample=%s min=%s unit=%s share=%d‰ ttl=%s", tok(p.Want), tok(p.AmpleWant), tok(p.Least), tok(p.Unit), p.Share, p.TTL)
 }
 
 // arg reads an integer argument; a "t" suffix means whole tokens.
@@ -137,7 +142,8 @@ func TestPlanGrantRejects(t *testing.T) {
 // FuzzPlanGrant checks the rule's invariants on any limit and any request: the size asked of
 // the store is between the least grant and the capacity; beyond what the waiting checks need it
 // is whole requests of the route, and never more than the reported demand over half a lease; a
-// key with no demand asks for exactly what its waiting checks need; direct mode asks for exactly
+// key with no demand asks for exactly what its waiting checks need; the ample want obeys the same
+// with the demand over a whole lease, and is never below the want; direct mode asks for exactly
 // that, uncapped by the share, and keeps no lease; the lifetime of a lease is within
 // [MinTTL, MaxTTL].
 func FuzzPlanGrant(f *testing.F) {
@@ -173,20 +179,31 @@ func FuzzPlanGrant(f *testing.F) {
 			t.Fatalf("PlanGrant(%v, %d, %t, %+v) = %+v: want outside [least, capacity]", l, cost, direct, ask, p)
 		}
 		if direct {
-			if p.Want != need || p.Share != bucket.WholeShare || p.TTL != 0 {
+			if p.Want != need || p.AmpleWant != 0 || p.Share != bucket.WholeShare || p.TTL != 0 {
 				t.Fatalf("direct PlanGrant(%v, %d, %+v) = %+v, want exactly %d µ, whole share, no lease", l, cost, ask, p, need)
 			}
 			return
 		}
-		extra := p.Want - need
-		justified := min(bucket.Micro(demand), bucket.MaxExact/2) / 1000 * bucket.Micro(p.TTL/time.Millisecond) / lease.Refills
-		switch {
-		case p.Want < c && extra%bucket.Micro(cost) != 0:
-			t.Fatalf("PlanGrant(%v, %d, %+v) = %+v: the lease beyond the waiting checks is not whole requests", l, cost, ask, p)
-		case extra > justified:
-			t.Fatalf("PlanGrant(%v, %d, %+v) = %+v: %d µ beyond the waiting checks, demand justifies %d", l, cost, ask, p, extra, justified)
-		case demand == 0 && p.Want != need:
-			t.Fatalf("PlanGrant(%v, %d, %+v) = %+v: no demand, want exactly what waits (%d)", l, cost, ask, p, need)
+		lifetime := min(bucket.Micro(demand), bucket.MaxExact/2) / 1000 * bucket.Micro(p.TTL/time.Millisecond)
+		for _, w := range []struct {
+			name      string
+			size      bucket.Micro
+			justified bucket.Micro
+		}{{"want", p.Want, lifetime / lease.Refills}, {"ample want", p.AmpleWant, lifetime}} {
+			extra := w.size - need
+			switch {
+			case w.size < p.Least || w.size > c:
+				t.Fatalf("PlanGrant(%v, %d, %+v) = %+v: %s outside [least, capacity]", l, cost, ask, p, w.name)
+			case w.size < c && extra%bucket.Micro(cost) != 0:
+				t.Fatalf("PlanGrant(%v, %d, %+v) = %+v: the %s beyond the waiting checks is not whole requests", l, cost, ask, p, w.name)
+			case extra > w.justified:
+				t.Fatalf("PlanGrant(%v, %d, %+v) = %+v: %s %d µ beyond the waiting checks, demand justifies %d", l, cost, ask, p, w.name, extra, w.justified)
+			case demand == 0 && w.size != need:
+				t.Fatalf("PlanGrant(%v, %d, %+v) = %+v: no demand, %s exactly what waits (%d)", l, cost, ask, p, w.name, need)
+			}
+		}
+		if p.AmpleWant < p.Want {
+			t.Fatalf("PlanGrant(%v, %d, %+v) = %+v: ample want below want", l, cost, ask, p)
 		}
 		if p.Share != lease.Share || p.TTL < lease.MinTTL || p.TTL > lease.MaxTTL || p.TTL%time.Millisecond != 0 {
 			t.Fatalf("PlanGrant(%v, ...) = %+v: share or lifetime out of range", l, p)

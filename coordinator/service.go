@@ -243,6 +243,9 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 			Debt:   bucket.Micro(it.DebtMicro), MaxDebt: res.limits.MaxDebt,
 			Demand: bucket.Micro(it.DemandMicroPerSecond), TTL: bucket.Millis(p.TTL / time.Millisecond), Op: op,
 			Period: s.window(res.limits), Also: also}
+		if t.Period.IsZero() && len(also) == 0 {
+			t.AmpleWant = p.AmpleWant // a lease of a lifetime's demand where the bucket has plenty
+		}
 		if err != nil || t.Validate() != nil || !seen.add(res.key) {
 			results[i] = &coordinatorv1.AcquireResult{Status: coordinatorv1.Status_STATUS_INVALID}
 			continue

@@ -3,6 +3,7 @@ package coordinator_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -489,5 +490,43 @@ func TestAcquireHandsBack(t *testing.T) {
 	}
 	if r := resp.Results[0]; r.RemainingMicro != int64(99_995*tok) {
 		t.Fatalf("b after its return: %v, want 99995 tokens left", r)
+	}
+}
+
+// TestAcquireAmpleLease: where the bucket keeps three quarters of its capacity, a lease holds the
+// agent's demand over its whole lifetime (lease.Ample); once it would not, over half of it. A
+// calendar quota's take carries no ample want (the store would refuse it as invalid).
+func TestAcquireAmpleLease(t *testing.T) {
+	set := mustPolicy(t, "v1")
+	store := memstore.New(memstore.WithClock(func() bucket.Millis { return 1_000_000 })) // no refill
+	svc := coordinator.NewService(store, set)
+	// hot: burst 50 at 200 tokens/s, leases of 200 ms; a demand of 50 tokens/s is 10 tokens over
+	// a lifetime.
+	ask := func(r *coordinatorv1.BucketRef) *coordinatorv1.AcquireItem {
+		it := item(r, tok, tok)
+		it.DemandMicroPerSecond = int64(50 * tok)
+		return it
+	}
+	for i, w := range []struct {
+		granted, remaining bucket.Micro
+	}{
+		{11 * tok, 39 * tok}, // the waiting token and 10 of demand: 39 left, above 37.5
+		{6 * tok, 33 * tok},  // another 11 would leave 28: the waiting token and 5 of demand
+	} {
+		resp, err := svc.Acquire(ctxFor(t, 10*time.Second), acquire(fmt.Sprintf("agent-%d", i), 1, "v1", ask(ref("hot", "acme"))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := resp.Results[0]; r.Status != coordinatorv1.Status_STATUS_OK || r.GrantedMicro != int64(w.granted) || r.RemainingMicro != int64(w.remaining) {
+			t.Errorf("take %d = %v, want %d µ granted, %d µ left", i, r, w.granted, w.remaining)
+		}
+	}
+	svc = coordinator.NewService(memstore.New(), set) // a calendar window needs the wall clock
+	resp, err := svc.Acquire(ctxFor(t, 10*time.Second), acquire("agent-1", 2, "v1", ask(ref("monthly", "acme"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := resp.Results[0]; r.Status != coordinatorv1.Status_STATUS_OK || r.GrantedMicro < int64(tok) {
+		t.Errorf("calendar take = %v, want a grant", r)
 	}
 }

@@ -78,6 +78,11 @@ const (
 // says how long the agent should wait before it asks again. The store keeps each agent's last
 // demand in its record of the key to sum the key's demand.
 //
+// AmpleWant (at least Want; 0 for none) replaces Want when the bucket would still hold at least
+// three quarters of its capacity after granting it (lease.Ample), before the contention rule: a
+// lease of a lifetime's demand where the bucket has plenty to spare. It needs a TTL, and no Period
+// or Also.
+//
 // Also, when set, are other buckets taken in the same atomic operation, all or nothing (a direct
 // check of a route with charges: docs/policy.md, "Several limits and tenant budgets"): the grant
 // is decided as one take from a bucket holding the least any of them holds (up to Want, at least
@@ -86,20 +91,21 @@ const (
 // and its result names the bucket that refused (TakeResult.Refused). On Redis Cluster every key
 // must share one slot (policy keys of buckets charged together hold the tenant's hash tag).
 type TakeRequest struct {
-	Key     string
-	Limit   bucket.Limit
-	Want    bucket.Micro
-	Min     bucket.Micro
-	Share   int64
-	Unit    bucket.Micro
-	Credit  Credit
-	Debt    bucket.Micro
-	MaxDebt bucket.Micro
-	Demand  bucket.Micro
-	TTL     bucket.Millis
-	Period  bucket.Window
-	Op      OpID
-	Also    []Bucket
+	Key       string
+	Limit     bucket.Limit
+	Want      bucket.Micro
+	AmpleWant bucket.Micro
+	Min       bucket.Micro
+	Share     int64
+	Unit      bucket.Micro
+	Credit    Credit
+	Debt      bucket.Micro
+	MaxDebt   bucket.Micro
+	Demand    bucket.Micro
+	TTL       bucket.Millis
+	Period    bucket.Window
+	Op        OpID
+	Also      []Bucket
 }
 
 // Bucket is another bucket of a TakeRequest with Also: its key and shape.
@@ -204,6 +210,11 @@ func (r *TakeRequest) Validate() error {
 		return fmt.Errorf("%w: key %q demand %d µ/s", ErrInvalidRequest, r.Key, r.Demand)
 	case r.TTL < 0 || r.TTL > bucket.Millis(lease.MaxTTL/time.Millisecond):
 		return fmt.Errorf("%w: key %q lease lifetime %d ms not in 0..%d", ErrInvalidRequest, r.Key, r.TTL, lease.MaxTTL/time.Millisecond)
+	}
+	if r.AmpleWant != 0 && (r.TakesNothing() || r.AmpleWant < r.Want || r.AmpleWant > bucket.MaxExact/2 ||
+		r.TTL == 0 || !r.Period.IsZero() || len(r.Also) > 0) {
+		return fmt.Errorf("%w: key %q ample want %d µ (need want %d µ <= ample <= 2^52, a lease lifetime, no window or other buckets)",
+			ErrInvalidRequest, r.Key, r.AmpleWant, r.Want)
 	}
 	if err := r.Credit.validate(r.Key); err != nil {
 		return err

@@ -348,6 +348,11 @@ func (d *diffRun) takes() {
 			// The contention rule's inputs: the agent's demand and the lease lifetime.
 			reqs[i].Demand = pick(d.src, bucket.Micro(0), 1, between(d.src, 1, 10*l.Capacity()), lease.MaxShareDemand+between[bucket.Micro](d.src, 0, 1<<40))
 			reqs[i].TTL = pick(d.src, bucket.Millis(0), bucket.Millis(lease.MinTTL.Milliseconds()), between[bucket.Millis](d.src, 1, 30_000))
+			if d.src.n(2) == 0 {
+				// A lease of a lifetime's demand where the bucket stays ample (lease.Ample); with
+				// no lifetime, or below want, both stores must reject it.
+				reqs[i].AmpleWant = pick(d.src, want, between(d.src, want, 2*want), between(d.src, want, l.Capacity()/4+1), want-1)
+			}
 		}
 		if d.src.n(3) == 0 {
 			// A lease of the key handed back in the same operation.

@@ -221,6 +221,9 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 		var mine int64
 		contended := false
 		competing := e.competes && e.state.Last < e.competeUntil
+		if r.AmpleWant > want && lease.Ample(r.Limit, e.state.Tokens, r.AmpleWant) {
+			want = r.AmpleWant
+		}
 		if r.TTL > 0 && demand > 0 && (competing || lease.Low(r.Limit, e.state.Tokens, want)) {
 			var since bucket.Millis // since this agent's last take (0: none)
 			if prev, ok := e.takes[r.Op.Agent]; ok && r.Op.Agent != "" {

@@ -22,7 +22,9 @@
 --          same operation; ret_amount 0 for none), demand (µ/s, at most lease.MaxShareDemand),
 --          ttl (the lease lifetime in ms, 0 for direct mode), debt (µ settled after the fact,
 --          charged after the handed-back lease and before the take), max_debt (µ, 0..capacity:
---          how far below zero the debt may take the bucket) | return: 1, 0, 0, 0, 0, 0, 0
+--          how far below zero the debt may take the bucket), ample (µ: what to take instead of
+--          want where the bucket stays ample, lease.Ample; 0 for none) | return: 1, 0, 0, 0, 0,
+--          0, 0, 0
 -- Returns  {granted, remaining, retry_after, now, flags, credited, pace, debited}; flags:
 --          1 replayed, 2 stale; credited is what a take's handed-back lease was credited (0 for a
 --          return: its credit is granted); pace is how long the agent waits before it asks again
@@ -49,6 +51,7 @@ local demand = tonumber(ARGV[18]) -- take: the agent's demand, µ/s (<= 2^43)
 local ttl = tonumber(ARGV[19]) -- take: the lease lifetime, ms (0: direct mode, no contention rule)
 local debt = tonumber(ARGV[20]) -- take: µ settled after the fact, charged before the take
 local max_debt = tonumber(ARGV[21]) -- take: how far below zero the debt may go, µ (<= capacity)
+local ample = tonumber(ARGV[22]) -- take: the grant where the bucket stays ample, µ (0: none)
 local FRESH = 2 -- lease.FreshLeases
 local MAX_SHARE_DEMAND = 8796093022208 -- lease.MaxShareDemand, 2^43
 
@@ -118,6 +121,11 @@ if op == 'take' then
   -- and every other agent's fresh take record) over a lifetime is at least what it refills
   -- (overloaded), is cut to the agent's share of that demand of the refill over a lifetime.
   local mine, contended = 0, false
+  -- lease.Ample: where the bucket keeps three quarters of its capacity after it, a lease holds
+  -- the demand over its whole lifetime (the contention rule below still applies to it)
+  if ample > want and tokens - ample >= capacity - idiv(capacity, 4) then
+    want = ample
+  end
   local low = tokens - want < idiv(capacity, 4)
   local competing = compete_until and last < compete_until
   if want > 0 and ttl > 0 and demand > 0 and (low or competing) then

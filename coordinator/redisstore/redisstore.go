@@ -201,18 +201,27 @@ type call struct {
 // newCall is the script invocation for request item on key: op and the limit, op's operands
 // (take: want, least, share, and unit and the lease handed back first; return: amount,
 // granted_at), the operation id, the clock, the bounds of the idempotency records, and for a take
-// the demand, the lease lifetime and the debt charged before it (with its max_debt), in the order
-// of bucket.lua's ARGV.
-func newCall(item int, key, op string, l bucket.Limit, a, b, c int64, id coordinator.OpID, now any, unit int64, back coordinator.Credit, demand bucket.Micro, ttl bucket.Millis, debt debt) call {
+// the demand and the lease lifetime, the debt charged before it (with its max_debt) and the ample
+// want, in the order of bucket.lua's ARGV.
+func newCall(item int, key, op string, l bucket.Limit, a, b, c int64, id coordinator.OpID, now any, unit int64, back coordinator.Credit, ls leaseArgs, debt debt) call {
 	num, den := l.Rate()
 	return call{item: item, key: key, args: []any{
 		op, int64(l.Capacity()), num, den, int64(l.FillTime()),
 		a, b, c,
 		id.Agent, id.Seq, now,
 		int64(coordinator.RecordKeep), coordinator.MaxRecords, int64(coordinator.ExpiryMargin),
-		unit, int64(back.Amount), int64(back.GrantedAt), int64(min(demand, lease.MaxShareDemand)), int64(ttl),
-		int64(debt.amount), int64(debt.max),
+		unit, int64(back.Amount), int64(back.GrantedAt), int64(min(ls.demand, lease.MaxShareDemand)), int64(ls.ttl),
+		int64(debt.amount), int64(debt.max), int64(ls.ample),
 	}}
+}
+
+// leaseArgs are what a take tells bucket.lua of the lease it plans: the agent's demand and the
+// lifetime (the contention rule's inputs), and the ample want (lease.Ample). Zero for a return
+// and for direct mode.
+type leaseArgs struct {
+	demand bucket.Micro
+	ttl    bucket.Millis
+	ample  bucket.Micro
 }
 
 // debt is a take's cost settled after the fact and how far below zero it may take the key.
@@ -236,19 +245,19 @@ func newCounterCall(item int, key, op string, l bucket.Limit, w bucket.Window, a
 // newMultiCall is multi.lua's invocation for request r (with Also): newCall's arguments of a take
 // from r.Key without a share cap, then the limit of each other bucket.
 func newMultiCall(item int, r *coordinator.TakeRequest, now any) call {
-	c := newCall(item, r.Key, "multi", r.Limit, int64(r.Want), int64(r.Min), bucket.WholeShare, r.Op, now, int64(max(1, r.Unit)), coordinator.Credit{}, 0, 0, debt{})
+	c := newCall(item, r.Key, "multi", r.Limit, int64(r.Want), int64(r.Min), bucket.WholeShare, r.Op, now, int64(max(1, r.Unit)), coordinator.Credit{}, leaseArgs{}, debt{})
 	return withOthers(c, r.Also)
 }
 
 // newMultiReturnCall is multi.lua's invocation for return r (with Also): newCall's arguments of a
 // return to r.Key, then the limit of each other bucket.
 func newMultiReturnCall(item int, r *coordinator.ReturnRequest, now any) call {
-	c := newCall(item, r.Key, "return", r.Limit, int64(r.Amount), int64(r.GrantedAt), 0, r.Op, now, 1, coordinator.Credit{}, 0, 0, debt{})
+	c := newCall(item, r.Key, "return", r.Limit, int64(r.Amount), int64(r.GrantedAt), 0, r.Op, now, 1, coordinator.Credit{}, leaseArgs{}, debt{})
 	return withOthers(c, r.Also)
 }
 
 // withOthers makes c, a bucket call on the first of several buckets, multi.lua's: its arguments
-// end after ARGV 17 (no demand, lease lifetime or debt) and the limit of each other bucket
+// end after ARGV 17 (no demand, lease lifetime, debt or ample want) and the limit of each other bucket
 // follows, its key among the call's keys.
 func withOthers(c call, also []coordinator.Bucket) call {
 	c.args = c.args[:17]
@@ -297,7 +306,7 @@ func (s *Store) Take(ctx context.Context, reqs []coordinator.TakeRequest) ([]coo
 			calls = append(calls, newMultiCall(i, r, now))
 			continue
 		}
-		calls = append(calls, newCall(i, r.Key, "take", r.Limit, int64(r.Want), int64(r.Min), share, r.Op, now, int64(max(1, r.Unit)), r.Credit, r.Demand, r.TTL, d))
+		calls = append(calls, newCall(i, r.Key, "take", r.Limit, int64(r.Want), int64(r.Min), share, r.Op, now, int64(max(1, r.Unit)), r.Credit, leaseArgs{r.Demand, r.TTL, r.AmpleWant}, d))
 	}
 	if err := s.exec(ctx, calls); err != nil {
 		return nil, fmt.Errorf("redisstore: take: %w", err)
@@ -345,7 +354,7 @@ func (s *Store) Return(ctx context.Context, reqs []coordinator.ReturnRequest) ([
 			calls = append(calls, newMultiReturnCall(i, r, now))
 			continue
 		}
-		calls = append(calls, newCall(i, r.Key, "return", r.Limit, int64(r.Amount), int64(r.GrantedAt), 0, r.Op, now, 1, coordinator.Credit{}, 0, 0, debt{}))
+		calls = append(calls, newCall(i, r.Key, "return", r.Limit, int64(r.Amount), int64(r.GrantedAt), 0, r.Op, now, 1, coordinator.Credit{}, leaseArgs{}, debt{}))
 	}
 	if err := s.exec(ctx, calls); err != nil {
 		return nil, fmt.Errorf("redisstore: return: %w", err)

@@ -91,6 +91,12 @@ func (w want) String() string {
 // TakeString formats a request for failure messages.
 func TakeString(r coordinator.TakeRequest) string {
 	s := fmt.Sprintf("Take(%q, %v, want=%d, min=%d", r.Key, r.Limit, r.Want, r.Min)
+	if r.AmpleWant != 0 {
+		s += fmt.Sprintf(", ample=%d", r.AmpleWant)
+	}
+	if r.Demand != 0 || r.TTL != 0 {
+		s += fmt.Sprintf(", demand=%d ttl=%d", r.Demand, r.TTL)
+	}
 	if r.Share != 0 {
 		s += fmt.Sprintf(", share=%d‰", r.Share)
 	}
@@ -436,6 +442,37 @@ var cases = []testCase{
 		f.take(r, want{granted: 10 * tok, remaining: 0, now: f.now})
 		f.advance(1000)
 		f.take(take("d", 1, 12*tok, tok, 0), want{granted: 10 * tok, remaining: 0, now: f.now})
+	}},
+	{"Ample", func(f *fixture) {
+		l := limit(f.t, 20*tok, tok, 100) // 10 tokens a second: full in 2 s
+		take := func(key, agent string, seq uint64, want, ample, demand bucket.Micro, ttl bucket.Millis) coordinator.TakeRequest {
+			return coordinator.TakeRequest{Key: key, Limit: l, Want: want, AmpleWant: ample, Min: tok, Unit: tok, Demand: demand,
+				TTL: ttl, Op: coordinator.OpID{Agent: agent, Seq: seq}}
+		}
+		// A full bucket keeps three quarters of its capacity after 5 tokens: the ample want.
+		f.take(take("k", "a", 1, 3*tok, 5*tok, 8*tok, 500), want{granted: 5 * tok, remaining: 15 * tok, now: f.now})
+		// 15 left: another 5 would leave 10, below three quarters: the want.
+		f.take(take("k", "b", 1, 3*tok, 5*tok, 8*tok, 500), want{granted: 3 * tok, remaining: 12 * tok, now: f.now})
+		// An ample want equal to the want changes nothing.
+		f.take(take("k", "b", 2, 2*tok, 2*tok, 8*tok, 500), want{granted: 2 * tok, remaining: 10 * tok, now: f.now})
+		// The contention rule still cuts an ample want. a's demand of 40 tokens/s overloads c (80
+		// tokens over a lifetime of 2 s against 20 refilled): its take is contended, and the key's
+		// agents compete for two lifetimes.
+		f.take(take("c", "a", 1, 20*tok, 20*tok, 40*tok, 2000), want{granted: 20 * tok, remaining: 0, now: f.now, pace: 1500})
+		// 2 s later c is full again, but its agents still compete: b's ample want of 3 tokens leaves
+		// 17, yet b gets its share (24‰ of 20 tokens, less than a request: its least).
+		f.advance(2000)
+		f.take(take("c", "b", 1, tok, 3*tok, tok, 2000), want{granted: tok, remaining: 19 * tok, now: f.now, pace: 1500})
+		for _, bad := range []coordinator.TakeRequest{
+			{Key: "k", Limit: l, Want: 2 * tok, Min: tok, AmpleWant: tok, TTL: 500},             // below want
+			{Key: "k", Limit: l, Want: 2 * tok, Min: tok, AmpleWant: 3 * tok},                   // no lifetime
+			{Key: "k", Limit: l, Want: 2 * tok, Min: tok, AmpleWant: bucket.MaxExact, TTL: 500}, // above 2^52
+			{Key: "k", Limit: l, Debt: tok, AmpleWant: tok, TTL: 500},                           // takes nothing
+		} {
+			if got := f.takes(bad)[0]; !errors.Is(got.Err, coordinator.ErrInvalidRequest) {
+				f.t.Fatalf("%s = %s, want ErrInvalidRequest", TakeString(bad), TakeResultString(got))
+			}
+		}
 	}},
 	{"ReturnDecayAndCap", func(f *fixture) {
 		l := limit(f.t, 10*tok, tok, 100)

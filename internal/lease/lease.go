@@ -9,6 +9,9 @@
 // operation per lease instead of one per check. A key with no measured demand gets what its
 // waiting checks need and nothing more, so a key checked less often than a lease lives costs one
 // store operation per check, as a limiter without leases would, and leaves nothing to hand back.
+// Where the bucket has plenty to spare (Ample), a lease holds the demand over its whole lifetime
+// instead of half of it: a key well within its limit asks about once per lifetime rather than
+// twice, and a bucket that runs short goes back to the smaller leases.
 package lease
 
 import (
@@ -81,12 +84,17 @@ type Ask struct {
 // Plan is how one Ask is asked of the global bucket: grant min(Want, Share‰ of what the bucket
 // holds) if at least Least is there, rounded down to whole Units when it is cut; the lease lives
 // TTL (0 in direct mode: the grant is spent on the waiting checks at once and nothing is kept).
+// Where the bucket would still be ample after granting AmpleWant (Ample), AmpleWant replaces Want
+// (before the contention rule, Contend, which may still cut it).
 type Plan struct {
-	Want  bucket.Micro
-	Least bucket.Micro
-	Unit  bucket.Micro
-	Share int64
-	TTL   time.Duration
+	Want bucket.Micro
+	// AmpleWant is Want with the demand over a whole lifetime instead of TTL/Refills: at least
+	// Want; 0 in direct mode.
+	AmpleWant bucket.Micro
+	Least     bucket.Micro
+	Unit      bucket.Micro
+	Share     int64
+	TTL       time.Duration
 }
 
 // Errors of Size.
@@ -113,6 +121,10 @@ const maxDemand = bucket.MaxExact / 2
 //     capacity. The store caps the grant at Share‰ of what it holds (never below Least), so one
 //     agent cannot drain a bucket others need, and grants shrink toward one request's cost as it
 //     runs low.
+//   - AmpleWant: the same with the demand over the whole lifetime, granted instead of Want where
+//     the bucket stays ample (Ample). A lease of a lifetime's demand strands twice the tokens
+//     when its agent dies or its key goes quiet, which matters only on a bucket short of them;
+//     on one with plenty to spare it halves the key's store operations.
 func Size(limit bucket.Limit, cost bucket.Micro, direct bool, a Ask) (Plan, error) {
 	capacity := limit.Capacity()
 	switch {
@@ -127,11 +139,26 @@ func Size(limit bucket.Limit, cost bucket.Micro, direct bool, a Ask) (Plan, erro
 		return p, nil
 	}
 	p.TTL, p.Share = TTL(limit), Share
-	size := min(a.Demand, maxDemand) / 1000 * bucket.Micro(p.TTL/time.Millisecond) / Refills
+	// the demand over a lifetime: below 2^52/1000 · 3·10^4 ms < 2^63
+	lifetime := min(a.Demand, maxDemand) / 1000 * bucket.Micro(p.TTL/time.Millisecond)
+	p.Want = grow(capacity, cost, a, lifetime/Refills)
+	p.AmpleWant = grow(capacity, cost, a, lifetime)
+	return p, nil
+}
+
+// grow is what a's waiting checks need plus size in whole requests (rounded down), at least a's
+// least grant and at most the capacity.
+func grow(capacity, cost bucket.Micro, a Ask, size bucket.Micro) bucket.Micro {
 	size = min(size, capacity)
 	size -= size % cost
-	p.Want = min(capacity, max(a.Least, a.Needed+size))
-	return p, nil
+	return min(capacity, max(a.Least, a.Needed+size))
+}
+
+// Ample reports whether a bucket of limit l holding tokens would still hold at least
+// 1 − 1/Reserve of its capacity after a grant of want: plenty to spare, so a larger lease takes
+// nothing another agent needs (the mirror of Low). The store grants Plan.AmpleWant then.
+func Ample(l bucket.Limit, tokens, want bucket.Micro) bool {
+	return tokens-want >= l.Capacity()-l.Capacity()/Reserve // tokens, want < 2^53: no overflow
 }
 
 // Demand estimates a key's rate of use on one agent from samples taken at its refills. A sample

@@ -57,7 +57,7 @@ func TestSizeNoDemandTakesWhatWaits(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := max(a.Needed, a.Least); p.Want != want || p.Least != a.Least || p.Unit != tok || p.TTL != TTL(l) {
+		if want := max(a.Needed, a.Least); p.Want != want || p.AmpleWant != want || p.Least != a.Least || p.Unit != tok || p.TTL != TTL(l) {
 			t.Errorf("Size(%+v) = %+v, want exactly %d µ", a, p, want)
 		}
 	}
@@ -72,12 +72,39 @@ func TestSizeGrowsWithDemand(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// demand over τ/2 = 1.25 s, whole requests, at most the capacity.
+		// demand over τ/2 = 1.25 s, whole requests, at most the capacity; over τ for the ample want.
 		want := min(l.Capacity(), max(tok, d*5/4/tok*tok))
 		if p.Want != want || p.Want < prev {
 			t.Errorf("Size(demand %d µ/s).Want = %d, want %d (and not below %d)", d, p.Want, want, prev)
 		}
+		if ample := min(l.Capacity(), max(tok, d*5/2/tok*tok)); p.AmpleWant != ample {
+			t.Errorf("Size(demand %d µ/s).AmpleWant = %d, want %d", d, p.AmpleWant, ample)
+		}
 		prev = p.Want
+	}
+}
+
+// TestAmple: a bucket is ample for a grant that leaves it at least 1 − 1/Reserve of its capacity,
+// the mirror of Low.
+func TestAmple(t *testing.T) {
+	l := limit(t, 1000, 100, time.Second) // C = 1000 tokens: ample down to 750
+	c := l.Capacity()
+	for _, tc := range []struct {
+		tokens, want bucket.Micro
+		ample        bool
+	}{
+		{c, c / 4, true},
+		{c, c/4 + 1, false},
+		{c - 1, c / 4, false},
+		{c * 3 / 4, 0, true},
+		{-c, 0, false}, // a bucket in debt
+	} {
+		if got := Ample(l, tc.tokens, tc.want); got != tc.ample {
+			t.Errorf("Ample(%d µ, want %d µ) = %t, want %t", tc.tokens, tc.want, got, tc.ample)
+		}
+		if Ample(l, tc.tokens, tc.want) && Low(l, tc.tokens, tc.want) {
+			t.Errorf("Ample and Low both hold for %d µ, want %d µ", tc.tokens, tc.want)
+		}
 	}
 }
 
