@@ -143,7 +143,7 @@ func TestPlanGrantRejects(t *testing.T) {
 // the store is between the least grant and the capacity; beyond what the waiting checks need it
 // is whole requests of the route, and never more than the reported demand over half a lease; a
 // key with no demand asks for exactly what its waiting checks need; the ample want obeys the same
-// with the demand over a whole lease, and is never below the want; direct mode asks for exactly
+// with the demand over a whole lease rounded up to a request, and is never below the want; direct mode asks for exactly
 // that, uncapped by the share, and keeps no lease; the lifetime of a lease is within
 // [MinTTL, MaxTTL].
 func FuzzPlanGrant(f *testing.F) {
@@ -189,7 +189,7 @@ func FuzzPlanGrant(f *testing.F) {
 			name      string
 			size      bucket.Micro
 			justified bucket.Micro
-		}{{"want", p.Want, lifetime / lease.Refills}, {"ample want", p.AmpleWant, lifetime}} {
+		}{{"want", p.Want, lifetime / lease.Refills}, {"ample want", p.AmpleWant, lifetime + bucket.Micro(cost) - 1}} {
 			extra := w.size - need
 			switch {
 			case w.size < p.Least || w.size > c:

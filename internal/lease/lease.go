@@ -43,9 +43,9 @@ const (
 	Share = 500
 
 	// Refills is how many refills a lease should last for: a lease holds the agent's demand over
-	// TTL/Refills, so the agent refills about Refills times per lease lifetime and a lease is
-	// normally spent well before it expires (expired tokens come back decayed, see
-	// bucket.State.Return, or not at all).
+	// TTL/Refills (over TTL where the bucket is ample: Plan.AmpleWant, one refill per lifetime), so
+	// the agent refills about Refills times per lease lifetime and a lease is normally spent well
+	// before it expires (expired tokens come back decayed, see bucket.State.Return, or not at all).
 	Refills = 2
 
 	// LowWater is the fraction (per mille) of a lease left at which the agent refills ahead of need,
@@ -88,8 +88,8 @@ type Ask struct {
 // (before the contention rule, Contend, which may still cut it).
 type Plan struct {
 	Want bucket.Micro
-	// AmpleWant is Want with the demand over a whole lifetime instead of TTL/Refills: at least
-	// Want; 0 in direct mode.
+	// AmpleWant is Want with the demand over a whole lifetime instead of TTL/Refills, rounded up
+	// to whole requests: at least Want; 0 in direct mode.
 	AmpleWant bucket.Micro
 	Least     bucket.Micro
 	Unit      bucket.Micro
@@ -121,10 +121,14 @@ const maxDemand = bucket.MaxExact / 2
 //     capacity. The store caps the grant at Share‰ of what it holds (never below Least), so one
 //     agent cannot drain a bucket others need, and grants shrink toward one request's cost as it
 //     runs low.
-//   - AmpleWant: the same with the demand over the whole lifetime, granted instead of Want where
-//     the bucket stays ample (Ample). A lease of a lifetime's demand strands twice the tokens
-//     when its agent dies or its key goes quiet, which matters only on a bucket short of them;
-//     on one with plenty to spare it halves the key's store operations.
+//   - AmpleWant: the same with the demand over the whole lifetime rounded up to whole requests
+//     (a key with any demand gets at least one request besides its waiting checks), granted
+//     instead of Want where the bucket stays ample (Ample). A lease of a lifetime's demand
+//     strands twice the tokens when its agent dies or its key goes quiet, which matters only on
+//     a bucket short of them; on one with plenty to spare it halves a steady key's store
+//     operations, and the request rounded up serves a key checked about once a lifetime without
+//     a take of its own (unspent, it is dropped once the refill since its grant covers it, within
+//     the lifetime unless τ is cut to MaxTTL; only then is it handed back).
 func Size(limit bucket.Limit, cost bucket.Micro, direct bool, a Ask) (Plan, error) {
 	capacity := limit.Capacity()
 	switch {
@@ -142,7 +146,7 @@ func Size(limit bucket.Limit, cost bucket.Micro, direct bool, a Ask) (Plan, erro
 	// the demand over a lifetime: below 2^52/1000 · 3·10^4 ms < 2^63
 	lifetime := min(a.Demand, maxDemand) / 1000 * bucket.Micro(p.TTL/time.Millisecond)
 	p.Want = grow(capacity, cost, a, lifetime/Refills)
-	p.AmpleWant = grow(capacity, cost, a, lifetime)
+	p.AmpleWant = grow(capacity, cost, a, (lifetime+cost-1)/cost*cost) // < 2^63: cost <= capacity < 2^53
 	return p, nil
 }
 

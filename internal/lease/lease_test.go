@@ -72,12 +72,13 @@ func TestSizeGrowsWithDemand(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// demand over τ/2 = 1.25 s, whole requests, at most the capacity; over τ for the ample want.
+		// demand over τ/2 = 1.25 s, whole requests, at most the capacity; over τ rounded up for the
+		// ample want.
 		want := min(l.Capacity(), max(tok, d*5/4/tok*tok))
 		if p.Want != want || p.Want < prev {
 			t.Errorf("Size(demand %d µ/s).Want = %d, want %d (and not below %d)", d, p.Want, want, prev)
 		}
-		if ample := min(l.Capacity(), max(tok, d*5/2/tok*tok)); p.AmpleWant != ample {
+		if ample := min(l.Capacity(), max(tok, (d*5/2+tok-1)/tok*tok)); p.AmpleWant != ample {
 			t.Errorf("Size(demand %d µ/s).AmpleWant = %d, want %d", d, p.AmpleWant, ample)
 		}
 		prev = p.Want
