@@ -12,9 +12,27 @@ import (
 // handBackLocked takes the unspent tokens of a retired lease g to hand back. They ride with the
 // key's next refill if one comes; they go alone only if worth at least one request (or the key
 // is gone); and not at all once the refill since their grant covers them. e.mu is held.
+//
+// A key with no slow state whose lease is spent, or whose remainder the refill already covers,
+// gets none: the expiry of a cold key's lease allocates nothing.
 func (l *Limiter) handBackLocked(now clock.Nanos, e *entry, g grant) {
-	e.sw().back.add(g.tokens, g.grantedAt, g.recvAt)
+	if g.tokens > 0 {
+		b := e.s().back
+		b.add(g.tokens, g.grantedAt, g.recvAt)
+		if e.slow == nil && l.creditEstimate(now, e, b) <= 0 {
+			l.skipBack(now, e, b)
+			return // nothing else waits to go back: e has no slow state
+		}
+		e.sw().back = b
+	}
 	l.settleBackLocked(now, e)
+}
+
+// skipBack counts b, which a coordinator would credit nothing, as given up instead of handed back.
+func (l *Limiter) skipBack(now clock.Nanos, e *entry, b handBack) {
+	l.stats.ReturnsSkipped.Add(1)
+	l.stats.SkippedMicro.Add(uint64(b.amount))
+	l.forfeit(now, e, b)
 }
 
 // settleBackLocked drops what e has to hand back if the coordinator would credit none of it, and
@@ -26,9 +44,7 @@ func (l *Limiter) settleBackLocked(now clock.Nanos, e *entry) {
 	}
 	credit := l.creditEstimate(now, e, b)
 	if credit <= 0 {
-		l.stats.ReturnsSkipped.Add(1)
-		l.stats.SkippedMicro.Add(uint64(b.amount))
-		l.forfeit(now, e, b)
+		l.skipBack(now, e, b)
 		e.clearBack()
 		return
 	}
