@@ -152,6 +152,7 @@ func FuzzPlanGrant(f *testing.F) {
 	f.Add(int64(1<<50), int64(1<<40), int64(3), int64(1<<62), int64(7), int64(1<<62), int64(7), false)
 	f.Add(int64(1_000_000), int64(0), int64(0), int64(0), int64(1), int64(-5), int64(1), true)
 	f.Add(int64(100_000_000), int64(100_000_000), int64(1000), int64(3_000_000), int64(1_000_000), int64(40_000_000), int64(1_000_000), false)
+	f.Add(int64(1<<52), int64(1<<52), int64(1000), int64(0), int64(1), int64(1<<62), int64(1<<63-1), false) // the largest cost
 	f.Fuzz(func(t *testing.T, capacity, amount, period, needed, least, demand, cost int64, direct bool) {
 		l, err := bucket.NewLimit(bucket.Micro(capacity), bucket.Micro(amount), bucket.Millis(period))
 		if err != nil {
@@ -189,7 +190,7 @@ func FuzzPlanGrant(f *testing.F) {
 			name      string
 			size      bucket.Micro
 			justified bucket.Micro
-		}{{"want", p.Want, lifetime / lease.Refills}, {"ample want", p.AmpleWant, lifetime + bucket.Micro(cost) - 1}} {
+		}{{"want", p.Want, lifetime / lease.Refills}, {"ample want", p.AmpleWant, lifetime + min(bucket.Micro(cost), c) - 1}} {
 			extra := w.size - need
 			switch {
 			case w.size < p.Least || w.size > c:

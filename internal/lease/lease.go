@@ -146,8 +146,22 @@ func Size(limit bucket.Limit, cost bucket.Micro, direct bool, a Ask) (Plan, erro
 	// the demand over a lifetime: below 2^52/1000 · 3·10^4 ms < 2^63
 	lifetime := min(a.Demand, maxDemand) / 1000 * bucket.Micro(p.TTL/time.Millisecond)
 	p.Want = grow(capacity, cost, a, lifetime/Refills)
-	p.AmpleWant = grow(capacity, cost, a, (lifetime+cost-1)/cost*cost) // < 2^63: cost <= capacity < 2^53
+	p.AmpleWant = grow(capacity, cost, a, roundUp(min(lifetime, capacity), cost, capacity))
 	return p, nil
+}
+
+// roundUp is size (0..capacity) rounded up to a multiple of cost, at most capacity (without
+// forming a sum past it: a route's cost may be any positive number).
+func roundUp(size, cost, capacity bucket.Micro) bucket.Micro {
+	r := size % cost
+	switch {
+	case r == 0:
+		return size
+	case cost-r > capacity-size:
+		return capacity
+	default:
+		return size + cost - r
+	}
 }
 
 // grow is what a's waiting checks need plus size in whole requests (rounded down), at least a's
