@@ -192,23 +192,41 @@ func (st *checkStream) failure() error {
 }
 
 // handle decides one message: at once when nothing waits, else on a goroutine (at most
-// MaxStreamPending per stream; the loop blocks, and stops reading, while that many wait).
+// MaxStreamPending per stream; the loop blocks, and stops reading, while that many wait). A
+// message sent with partial has the checks decided at once answered at once, and the others
+// when they are decided.
 func (st *checkStream) handle(dec *streamDecoder, msg []byte) error {
 	s := st.s
-	id, n, slots, err := dec.decodeCheckStream(msg)
+	m, err := dec.decodeCheckStream(msg)
 	switch {
 	case err != nil:
 		s.metrics.invalidRequest()
 		return status.Errorf(codes.InvalidArgument, "agent: a CheckStreamRequest that does not decode: %v", err)
-	case n > MaxBatchChecks:
+	case m.n > MaxBatchChecks:
 		s.metrics.invalidRequest()
-		return status.Errorf(codes.InvalidArgument, "agent: message %d has %d checks, at most %d", id, n, MaxBatchChecks)
+		return status.Errorf(codes.InvalidArgument, "agent: message %d has %d checks, at most %d", m.id, m.n, MaxBatchChecks)
 	}
-	s.metrics.batch(apiStream, n)
+	s.metrics.batch(apiStream, m.n)
+	slots := m.slots
 	now := s.now()
 	if !s.startAll(now, slots) {
 		s.recordAll(apiStream, now, slots)
-		return st.answer(id, slots)
+		return st.answer(m.id, slots, nil)
+	}
+	var later []uint32 // with partial and some checks decided: the checks that wait
+	if m.partial {
+		var done []uint32
+		done, later = splitDone(slots)
+		if len(done) == 0 {
+			later = nil // nothing to answer first: one answer, when all are decided
+		} else {
+			for _, i := range done {
+				s.record(apiStream, now, &slots[i])
+			}
+			if err := st.answer(m.id, slots, done); err != nil {
+				return err
+			}
+		}
 	}
 	select {
 	case st.pending <- struct{}{}:
@@ -218,18 +236,41 @@ func (st *checkStream) handle(dec *streamDecoder, msg []byte) error {
 	st.wg.Go(func() {
 		defer func() { <-st.pending }()
 		s.settle(st.ctx, slots)
-		s.recordAll(apiStream, now, slots)
-		if err := st.answer(id, slots); err != nil {
+		if later == nil {
+			s.recordAll(apiStream, now, slots)
+		} else {
+			for _, i := range later {
+				s.record(apiStream, now, &slots[i])
+			}
+		}
+		if err := st.answer(m.id, slots, later); err != nil {
 			st.fail(err)
 		}
 	})
 	return nil
 }
 
-// answer sends the answer of message id, encoded by appendStreamAnswer into a buffer of its own:
-// grpc-go allows tracing and stats handlers to keep a sent message.
-func (st *checkStream) answer(id uint64, slots []slot) error {
-	b, err := st.s.appendStreamAnswer(make([]byte, 0, 16+len(slots)*streamAnswerBytes), id, slots)
+// splitDone lists the indexes of the slots decided (done) and of those that wait (later).
+func splitDone(slots []slot) (done, later []uint32) {
+	for i := range slots {
+		if slots[i].state == slotDone {
+			done = append(done, uint32(i))
+		} else {
+			later = append(later, uint32(i))
+		}
+	}
+	return done, later
+}
+
+// answer sends the answer of message id, of the slots idx names or (nil) of all, encoded by
+// appendStreamAnswer into a buffer of its own: grpc-go allows tracing and stats handlers to keep
+// a sent message.
+func (st *checkStream) answer(id uint64, slots []slot, idx []uint32) error {
+	n := len(slots)
+	if idx != nil {
+		n = len(idx)
+	}
+	b, err := st.s.appendStreamAnswer(make([]byte, 0, 16+n*streamAnswerBytes+2*len(idx)), id, slots, idx)
 	if err != nil {
 		return err
 	}

@@ -183,6 +183,83 @@ func TestCheckStream(t *testing.T) {
 	}
 }
 
+// TestCheckStreamPartial: a message sent with partial has the checks decided at once (a lease on
+// hand, a malformed check) answered at once with their indexes, and the checks waiting for a
+// refill answered by a second response; a message whose checks all decide at once, or all wait,
+// gets one whole answer; without partial the mixed message gets one whole answer too.
+func TestCheckStreamPartial(t *testing.T) {
+	s := newStack(t, parsePolicy(t, benchPolicy), stackOptions{maxWait: 5 * time.Second})
+	client, _, _, _ := s.serve(t)
+	st, _ := openStream(t, client)
+	s.warm(t, agent.Query{Tenant: "a", Path: "/api/x", Operation: "GET"})
+	s.coord.setFault(slow)
+	check := func(tenant, route string) *agentv1.CheckRequest {
+		return &agentv1.CheckRequest{Tenant: tenant, Route: route, Operation: "GET"}
+	}
+	mixed := func(id uint64, partial bool, tenant string) *agentv1.CheckStreamRequest {
+		return &agentv1.CheckStreamRequest{Id: id, Partial: partial, Checks: []*agentv1.CheckRequest{
+			check("a", "/api/x"), check(tenant, "/api/x"), check("a", "/api/x"), check("a", "no-slash"), check(tenant, "/api/x"),
+		}}
+	}
+	recv := func() *agentv1.CheckStreamResponse {
+		t.Helper()
+		resp, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	// wantAnswer checks one response: its id, the indexes it lists, and which of its results is
+	// the malformed check (an error, no decision) while the others are allowed.
+	wantAnswer := func(resp *agentv1.CheckStreamResponse, id uint64, indexes []uint32, malformed int) {
+		t.Helper()
+		n := len(indexes)
+		if n == 0 {
+			n = 5
+		}
+		if resp.Id != id || fmt.Sprint(resp.Indexes) != fmt.Sprint(indexes) || len(resp.Results) != n {
+			t.Fatalf("answer %d indexes %v with %d results; want %d, %v and %d", resp.Id, resp.Indexes, len(resp.Results), id, indexes, n)
+		}
+		if (malformed >= 0) != (len(resp.Errors) == n) || (malformed < 0 && len(resp.Errors) != 0) {
+			t.Fatalf("answer %d: errors %q, want one per result only with the malformed check", resp.Id, resp.Errors)
+		}
+		for i, r := range resp.Results {
+			if i == malformed {
+				if r.Decision != agentv1.Decision_DECISION_UNSPECIFIED || resp.Errors[i] == "" {
+					t.Fatalf("answer %d result %d (malformed): %v %q", resp.Id, i, r, resp.Errors[i])
+				}
+				continue
+			}
+			if r.Decision != agentv1.Decision_DECISION_ALLOW || (len(resp.Errors) > 0 && resp.Errors[i] != "") {
+				t.Fatalf("answer %d result %d: %v", resp.Id, i, r)
+			}
+		}
+	}
+	// Partial: tenant b's two checks wait for their refill; the other three are answered first.
+	if err := st.Send(mixed(1, true, "b")); err != nil {
+		t.Fatal(err)
+	}
+	wantAnswer(recv(), 1, []uint32{0, 2, 3}, 2)
+	wantAnswer(recv(), 1, []uint32{1, 4}, -1)
+	// Without partial: one answer of five, in order, once tenant c's refill came.
+	if err := st.Send(mixed(2, false, "c")); err != nil {
+		t.Fatal(err)
+	}
+	wantAnswer(recv(), 2, nil, 3)
+	// Partial, every check decided at once (tenant a's lease): one answer.
+	if err := st.Send(mixed(3, true, "a")); err != nil {
+		t.Fatal(err)
+	}
+	wantAnswer(recv(), 3, nil, 3)
+	// Partial, every check waits: one answer, when they are decided.
+	if err := st.Send(&agentv1.CheckStreamRequest{Id: 4, Partial: true, Checks: []*agentv1.CheckRequest{check("d", "/api/x"), check("e", "/api/x")}}); err != nil {
+		t.Fatal(err)
+	}
+	if resp := recv(); resp.Id != 4 || len(resp.Indexes) != 0 || len(resp.Results) != 2 {
+		t.Fatalf("answer %d indexes %v with %d results; want 4, none, 2", resp.Id, resp.Indexes, len(resp.Results))
+	}
+}
+
 // TestCheckStreamDeadlines: a message waiting for a refill from a coordinator that hangs is
 // answered by the rule's failure mode when the agent's max wait has passed; the stream's context
 // ends every wait at once.

@@ -27,8 +27,10 @@ import (
 const (
 	streamIDField      = 1 // CheckStreamRequest.id, CheckStreamResponse.id
 	streamChecksField  = 2 // CheckStreamRequest.checks
+	streamPartialField = 3 // CheckStreamRequest.partial
 	streamResultsField = 2 // CheckStreamResponse.results
 	streamErrorsField  = 3 // CheckStreamResponse.errors
+	streamIndexesField = 4 // CheckStreamResponse.indexes
 
 	checkTenantField    = 1 // CheckRequest.tenant
 	checkRouteField     = 2 // CheckRequest.route
@@ -77,34 +79,44 @@ func (d *streamDecoder) intern(b []byte) string {
 	return s
 }
 
-// decodeCheckStream decodes the CheckStreamRequest b: its id, its number of checks n and, unless
-// n is more than MaxBatchChecks, one slot per check.
-func (d *streamDecoder) decodeCheckStream(b []byte) (id uint64, n int, slots []slot, err error) {
+// streamMessage is a decoded CheckStreamRequest.
+type streamMessage struct {
+	id      uint64
+	n       int    // its checks
+	partial bool   // the caller reads partial answers
+	slots   []slot // one per check; nil when n is more than MaxBatchChecks
+}
+
+// decodeCheckStream decodes the CheckStreamRequest b: its id, partial flag, number of checks and,
+// unless there are more than MaxBatchChecks, one slot per check.
+func (d *streamDecoder) decodeCheckStream(b []byte) (m streamMessage, err error) {
 	err = forFields(b, func(num protowire.Number, typ protowire.Type, _ []byte, x uint64) error {
 		switch {
 		case num == streamIDField && typ == protowire.VarintType:
-			id = x
+			m.id = x
+		case num == streamPartialField && typ == protowire.VarintType:
+			m.partial = x != 0
 		case num == streamChecksField && typ == protowire.BytesType:
-			n++
+			m.n++
 		}
 		return nil
 	})
-	if err != nil || n > MaxBatchChecks {
-		return id, n, nil, err
+	if err != nil || m.n > MaxBatchChecks {
+		return m, err
 	}
-	slots = make([]slot, n)
+	m.slots = make([]slot, m.n)
 	i := 0
 	err = forFields(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
 		if num != streamChecksField || typ != protowire.BytesType {
 			return nil
 		}
-		if err := d.decodeCheck(v, &slots[i]); err != nil {
+		if err := d.decodeCheck(v, &m.slots[i]); err != nil {
 			return fmt.Errorf("check %d: %w", i, err)
 		}
 		i++
 		return nil
 	})
-	return id, n, slots, err
+	return m, err
 }
 
 // decodeCheck decodes one CheckRequest into sl.
@@ -152,37 +164,60 @@ func (d *streamDecoder) decodeCheck(b []byte, sl *slot) error {
 	return nil
 }
 
-// appendStreamAnswer appends the CheckStreamResponse of the decided slots of message id to b: a
-// result per slot and, if any slot has an error, an error string per slot ("" for none), as
-// answers builds them. A slot
-// whose error is not one check's (a shutdown, a caller gone away) fails the whole message.
-func (s *Server) appendStreamAnswer(b []byte, id uint64, slots []slot) ([]byte, error) {
+// appendStreamAnswer appends the CheckStreamResponse of message id to b. With idx nil it answers
+// every slot; else the slots idx names (ascending), and lists idx as the response's indexes.
+// Each answered slot has a result and, if any of them has an error, an error string ("" for
+// none), as answers builds them. A slot whose error is not one check's (a shutdown, a caller
+// gone away) fails the whole message.
+func (s *Server) appendStreamAnswer(b []byte, id uint64, slots []slot, idx []uint32) ([]byte, error) {
 	if id != 0 {
 		b = protowire.AppendTag(b, streamIDField, protowire.VarintType)
 		b = protowire.AppendVarint(b, id)
 	}
-	for i := range slots {
-		sl := &slots[i]
+	n := len(slots)
+	if idx != nil {
+		n = len(idx)
+	}
+	at := func(k int) *slot {
+		if idx == nil {
+			return &slots[k]
+		}
+		return &slots[idx[k]]
+	}
+	someError := false
+	for k := range n {
+		sl := at(k)
 		b = protowire.AppendTag(b, streamResultsField, protowire.BytesType)
 		if sl.err != nil {
 			if !invalidCheck(sl.err) && !errors.Is(sl.err, ErrIdempotencyPending) {
 				return nil, s.statusError(sl.err)
 			}
+			someError = true
 			b = append(b, 0) // an empty result
 			continue
 		}
 		b = appendAnswer(b, answerOf(sl.v), sl.replayed)
 	}
-	if !anyError(slots) {
-		return b, nil // no errors list: no check has an error
-	}
-	for i := range slots {
-		var msg string
-		if err := slots[i].err; err != nil {
-			msg = err.Error()
+	if someError { // else no errors list: no check answered has an error
+		for k := range n {
+			var msg string
+			if err := at(k).err; err != nil {
+				msg = err.Error()
+			}
+			b = protowire.AppendTag(b, streamErrorsField, protowire.BytesType)
+			b = protowire.AppendString(b, msg)
 		}
-		b = protowire.AppendTag(b, streamErrorsField, protowire.BytesType)
-		b = protowire.AppendString(b, msg)
+	}
+	if len(idx) > 0 { // packed, as proto.Marshal writes a repeated scalar of proto3
+		size := 0
+		for _, i := range idx {
+			size += protowire.SizeVarint(uint64(i))
+		}
+		b = protowire.AppendTag(b, streamIndexesField, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(size))
+		for _, i := range idx {
+			b = protowire.AppendVarint(b, uint64(i))
+		}
 	}
 	return b, nil
 }

@@ -21,8 +21,9 @@ func TestStreamCodecFields(t *testing.T) {
 	check := (&agentv1.CheckRequest{}).ProtoReflect().Descriptor()
 	answer := (&agentv1.CheckResponse{}).ProtoReflect().Descriptor()
 	checkFieldNumbers(t, "the codec uses", []fieldNumber{
-		{req, "id", streamIDField}, {req, "checks", streamChecksField},
+		{req, "id", streamIDField}, {req, "checks", streamChecksField}, {req, "partial", streamPartialField},
 		{resp, "id", streamIDField}, {resp, "results", streamResultsField}, {resp, "errors", streamErrorsField},
+		{resp, "indexes", streamIndexesField},
 		{check, "tenant", checkTenantField}, {check, "route", checkRouteField}, {check, "operation", checkOperationField},
 		{check, "cost", checkCostField}, {check, "idempotency_key", checkIdemKeyField}, {check, "settle", checkSettleField},
 		{answer, "decision", respDecisionField}, {answer, "degraded", respDegradedField},
@@ -49,7 +50,7 @@ func FuzzDecodeCheckStream(f *testing.F) {
 		}
 		f.Add(b)
 	}
-	seed(&agentv1.CheckStreamRequest{Id: 7, Checks: []*agentv1.CheckRequest{
+	seed(&agentv1.CheckStreamRequest{Id: 7, Partial: true, Checks: []*agentv1.CheckRequest{
 		{Tenant: "acme", Route: "/api/orders/1", Operation: "GET", Cost: 3, IdempotencyKey: "k-1", Settle: true},
 		{Tenant: "b", Route: "/api/orders/1", Operation: "GET", Cost: -1},
 		{},
@@ -72,6 +73,13 @@ func FuzzDecodeCheckStream(f *testing.F) {
 	msg = protowire.AppendVarint(msg, 1)
 	msg = protowire.AppendTag(msg, streamIDField, protowire.VarintType)
 	msg = protowire.AppendVarint(msg, 2)
+	// partial given twice (the last), then as bytes (unknown).
+	msg = protowire.AppendTag(msg, streamPartialField, protowire.VarintType)
+	msg = protowire.AppendVarint(msg, 1)
+	msg = protowire.AppendTag(msg, streamPartialField, protowire.VarintType)
+	msg = protowire.AppendVarint(msg, 0)
+	msg = protowire.AppendTag(msg, streamPartialField, protowire.BytesType)
+	msg = protowire.AppendString(msg, "x")
 	f.Add(msg)
 	bad := protowire.AppendTag(nil, checkRouteField, protowire.BytesType)
 	bad = protowire.AppendString(bad, "/\xff")
@@ -80,15 +88,16 @@ func FuzzDecodeCheckStream(f *testing.F) {
 		var want agentv1.CheckStreamRequest
 		werr := proto.Unmarshal(b, &want)
 		var d streamDecoder
-		id, n, slots, gerr := d.decodeCheckStream(b)
+		m, gerr := d.decodeCheckStream(b)
+		id, n, slots := m.id, m.n, m.slots
 		if (werr == nil) != (gerr == nil) {
 			t.Fatalf("proto.Unmarshal: %v; decodeCheckStream: %v", werr, gerr)
 		}
 		if werr != nil {
 			return
 		}
-		if id != want.Id || n != len(want.Checks) {
-			t.Fatalf("decoded id %d and %d checks, want %d and %d", id, n, want.Id, len(want.Checks))
+		if id != want.Id || n != len(want.Checks) || m.partial != want.Partial {
+			t.Fatalf("decoded id %d, %d checks, partial %v; want %d, %d, %v", id, n, m.partial, want.Id, len(want.Checks), want.Partial)
 		}
 		if n > MaxBatchChecks {
 			if slots != nil {
@@ -117,11 +126,11 @@ func TestDecodeCheckStreamInterns(t *testing.T) {
 		t.Fatal(err)
 	}
 	var d streamDecoder
-	if _, _, _, err := d.decodeCheckStream(b); err != nil {
+	if _, err := d.decodeCheckStream(b); err != nil {
 		t.Fatal(err)
 	}
 	// The slots and nothing else: no route or operation string per check.
-	if n := testing.AllocsPerRun(20, func() { _, _, _, _ = d.decodeCheckStream(b) }); n != 1 {
+	if n := testing.AllocsPerRun(20, func() { _, _ = d.decodeCheckStream(b) }); n != 1 {
 		t.Errorf("decoding a message of 64 checks of a known route: %v allocations, want 1 (the slots)", n)
 	}
 	for i := range 2 * maxInterned {
@@ -133,11 +142,14 @@ func TestDecodeCheckStreamInterns(t *testing.T) {
 }
 
 // FuzzStreamAnswer: appendStreamAnswer writes the bytes proto.Marshal writes for the message
-// answers builds, for any verdicts, replays and errors.
+// answers builds, for any verdicts, replays and errors, answering every check or (errKind/3 a
+// nonzero mask of the three) some of them with their indexes.
 func FuzzStreamAnswer(f *testing.F) {
 	f.Add(uint64(7), uint8(1), false, uint64(0), false, int64(0), uint8(3), int64(50), false, uint8(0))
 	f.Add(uint64(0), uint8(2), true, uint64(9), true, int64(1500), uint8(200), int64(-5), true, uint8(1))
 	f.Add(uint64(1<<63), uint8(3), false, uint64(1), false, int64(time.Hour), uint8(0), int64(1<<40), false, uint8(2))
+	f.Add(uint64(5), uint8(1), false, uint64(0), false, int64(0), uint8(3), int64(50), false, uint8(3*5+1))
+	f.Add(uint64(5), uint8(2), false, uint64(0), false, int64(0), uint8(3), int64(50), false, uint8(3*4+2))
 	lim, err := bucket.NewLimit(100*bucket.PerToken, 10*bucket.PerToken, 1000)
 	if err != nil {
 		f.Fatal(err)
@@ -164,15 +176,26 @@ func FuzzStreamAnswer(f *testing.F) {
 		case 2:
 			slots[1].err = ErrClosed // the whole message fails
 		}
-		got, gerr := s.appendStreamAnswer(nil, id, slots)
-		results, errs, werr := s.answers(slots)
+		var idx []uint32
+		answered := slots
+		if mask := errKind / 3 % 8; mask != 0 {
+			answered = nil
+			for i := range slots {
+				if mask&(1<<i) != 0 {
+					idx = append(idx, uint32(i))
+					answered = append(answered, slots[i])
+				}
+			}
+		}
+		got, gerr := s.appendStreamAnswer(nil, id, slots, idx)
+		results, errs, werr := s.answers(answered)
 		if (gerr == nil) != (werr == nil) {
 			t.Fatalf("appendStreamAnswer: %v; answers: %v", gerr, werr)
 		}
 		if werr != nil {
 			return
 		}
-		want, err := proto.MarshalOptions{Deterministic: true}.Marshal(&agentv1.CheckStreamResponse{Id: id, Results: results, Errors: errs})
+		want, err := proto.MarshalOptions{Deterministic: true}.Marshal(&agentv1.CheckStreamResponse{Id: id, Results: results, Errors: errs, Indexes: idx})
 		if err != nil {
 			t.Fatal(err)
 		}

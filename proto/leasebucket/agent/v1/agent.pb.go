@@ -406,8 +406,13 @@ func (x *CheckBatchResponse) GetErrors() []string {
 type CheckStreamRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Chosen by the caller; echoed in the response.
-	Id            uint64          `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	Checks        []*CheckRequest `protobuf:"bytes,2,rep,name=checks,proto3" json:"checks,omitempty"`
+	Id     uint64          `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Checks []*CheckRequest `protobuf:"bytes,2,rep,name=checks,proto3" json:"checks,omitempty"`
+	// The caller reads indexes: the checks decided at once (a lease on hand, a remembered deny)
+	// are answered at once, and the checks that wait for a refill in a second response when they
+	// are decided, so that no check waits for another key's round trip to the global bucket. At
+	// most two responses answer a message; without partial, one response answers all of it.
+	Partial       bool `protobuf:"varint,3,opt,name=partial,proto3" json:"partial,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -456,14 +461,26 @@ func (x *CheckStreamRequest) GetChecks() []*CheckRequest {
 	return nil
 }
 
+func (x *CheckStreamRequest) GetPartial() bool {
+	if x != nil {
+		return x.Partial
+	}
+	return false
+}
+
 type CheckStreamResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	// One result per check, in the message's order.
+	// One result per check answered, in the message's order.
 	Results []*CheckResponse `protobuf:"bytes,2,rep,name=results,proto3" json:"results,omitempty"`
-	// Empty when no check of the message has an error; else one entry per check, in order: "" or
+	// Empty when no check this response answers has an error; else one entry per result: "" or
 	// the INVALID_ARGUMENT text of a malformed check (which has DECISION_UNSPECIFIED).
-	Errors        []string `protobuf:"bytes,3,rep,name=errors,proto3" json:"errors,omitempty"`
+	Errors []string `protobuf:"bytes,3,rep,name=errors,proto3" json:"errors,omitempty"`
+	// Empty when this response answers every check of the message. Else (only for a message sent
+	// with partial) the indexes in the message of the checks it answers, ascending, one per
+	// result: results[i] answers checks[indexes[i]]. The message's other checks are answered by
+	// the other response with the same id.
+	Indexes       []uint32 `protobuf:"varint,4,rep,packed,name=indexes,proto3" json:"indexes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -515,6 +532,13 @@ func (x *CheckStreamResponse) GetResults() []*CheckResponse {
 func (x *CheckStreamResponse) GetErrors() []string {
 	if x != nil {
 		return x.Errors
+	}
+	return nil
+}
+
+func (x *CheckStreamResponse) GetIndexes() []uint32 {
+	if x != nil {
+		return x.Indexes
 	}
 	return nil
 }
@@ -688,14 +712,16 @@ const file_leasebucket_agent_v1_agent_proto_rawDesc = "" +
 	"\x06checks\x18\x01 \x03(\v2\".leasebucket.agent.v1.CheckRequestR\x06checks\"k\n" +
 	"\x12CheckBatchResponse\x12=\n" +
 	"\aresults\x18\x01 \x03(\v2#.leasebucket.agent.v1.CheckResponseR\aresults\x12\x16\n" +
-	"\x06errors\x18\x02 \x03(\tR\x06errors\"`\n" +
+	"\x06errors\x18\x02 \x03(\tR\x06errors\"z\n" +
 	"\x12CheckStreamRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12:\n" +
-	"\x06checks\x18\x02 \x03(\v2\".leasebucket.agent.v1.CheckRequestR\x06checks\"|\n" +
+	"\x06checks\x18\x02 \x03(\v2\".leasebucket.agent.v1.CheckRequestR\x06checks\x12\x18\n" +
+	"\apartial\x18\x03 \x01(\bR\apartial\"\x96\x01\n" +
 	"\x13CheckStreamResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12=\n" +
 	"\aresults\x18\x02 \x03(\v2#.leasebucket.agent.v1.CheckResponseR\aresults\x12\x16\n" +
-	"\x06errors\x18\x03 \x03(\tR\x06errors\"@\n" +
+	"\x06errors\x18\x03 \x03(\tR\x06errors\x12\x18\n" +
+	"\aindexes\x18\x04 \x03(\rR\aindexes\"@\n" +
 	"\rSettleRequest\x12\x1b\n" +
 	"\tsettle_id\x18\x01 \x01(\x04R\bsettleId\x12\x12\n" +
 	"\x04cost\x18\x02 \x01(\x03R\x04cost\"\x90\x01\n" +
