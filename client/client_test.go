@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -168,6 +169,92 @@ func TestStreamCoalesces(t *testing.T) {
 		t.Errorf("64 concurrent callers were never coalesced (%d batches for %d checks)", len(sizes), total)
 	case st.UnaryChecks != warm.UnaryChecks:
 		t.Errorf("%d unary checks while the stream worked", st.UnaryChecks-warm.UnaryChecks)
+	}
+}
+
+// TestStreamPartialAnswers: the client sends every batch with partial and puts each batch's
+// answers together from responses that answer one check each, out of order; a check its agent
+// leaves waiting holds back no other check of its batch.
+func TestStreamPartialAnswers(t *testing.T) {
+	srv := startFake(t, streamPartial)
+	c := newClient(t, srv.socket, client.Options{MaxBatch: 8, Linger: 200 * time.Microsecond})
+	warm := streamUp(t, c)
+	hangCtx, stopHangs := context.WithCancel(context.Background())
+	defer stopHangs()
+	const goroutines, each, hangs = 64, 40, 4
+	var wg, hung sync.WaitGroup
+	errs := make(chan error, goroutines+hangs)
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range each {
+				if g < hangs && i == each/2 { // mid-load: a check never answered, among the others
+					hung.Go(func() {
+						if _, err := c.Check(hangCtx, client.Request{Tenant: "hang", Route: "/x", Operation: "GET"}); !errors.Is(err, context.Canceled) {
+							errs <- fmt.Errorf("a check never answered ended with %v, want its caller's cancel", err)
+						}
+					})
+				}
+				tenant := tenantN(g*each + i)
+				res, err := c.Check(ctxTimeout(t, 5*time.Second), client.Request{Tenant: tenant, Route: "/x", Operation: "GET", Cost: int64(i + 1)})
+				if err != nil {
+					errs <- fmt.Errorf("check of %s: %w", tenant, err)
+					return
+				}
+				if res.Rule != "r-"+tenant || res.Remaining != int64(i+1) {
+					errs <- fmt.Errorf("check of %s (cost %d) got the answer %+v", tenant, i+1, res)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait() // every other check answered while the hanging ones still wait
+	stopHangs()
+	hung.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	partial, withHang := srv.partialBatches()
+	sizes := srv.batchSizes()[warm.StreamBatches:]
+	shared := 0
+	for _, n := range withHang {
+		shared += n
+	}
+	st := c.Stats()
+	t.Logf("%d batches, %d with partial; batches with a hanging check carried %v other checks; stats %+v", len(srv.batchSizes()), partial, withHang, st)
+	switch {
+	case partial != len(srv.batchSizes()):
+		t.Errorf("%d of %d batches sent with partial", partial, len(srv.batchSizes()))
+	case len(sizes) >= goroutines*each:
+		t.Errorf("%d batches for %d checks: never coalesced", len(sizes), goroutines*each)
+	case shared == 0:
+		t.Errorf("no batch carried a hanging check with others (%v): nothing shown", withHang)
+	case st.UnaryChecks != warm.UnaryChecks:
+		t.Errorf("%d unary checks while the stream worked", st.UnaryChecks-warm.UnaryChecks)
+	}
+}
+
+// TestStreamBadIndexes: a partial answer naming a check its batch does not have fails that
+// batch's checks as unreachable.
+func TestStreamBadIndexes(t *testing.T) {
+	srv := startFake(t, streamBadIndexes)
+	c := newClient(t, srv.socket, client.Options{})
+	deadline := time.Now().Add(5 * time.Second)
+	for c.Stats().StreamBatches == 0 { // unary answers, until a check travels on the stream
+		if time.Now().After(deadline) {
+			t.Fatalf("no check travelled on the stream: %+v", c.Stats())
+		}
+		_, err := c.Check(ctxTimeout(t, 5*time.Second), client.Request{Tenant: "a", Route: "/x", Operation: "GET"})
+		if c.Stats().StreamBatches == 0 {
+			if err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		var unreachable *client.UnreachableError
+		if !errors.As(err, &unreachable) || !strings.Contains(err.Error(), "indexes [1] for 1 checks") {
+			t.Fatalf("a check answered with a bad index: %v, want unreachable naming the indexes", err)
+		}
 	}
 }
 

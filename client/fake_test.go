@@ -29,6 +29,8 @@ const (
 	streamServe         streamMode = iota // answer every batch, out of order
 	streamUnimplemented                   // UNIMPLEMENTED, as an agent without CheckStream answers
 	streamBreak                           // read one batch, then fail the stream without answering
+	streamPartial                         // answer a partial batch a check at a time, out of order
+	streamBadIndexes                      // answer a partial batch with an index it does not have
 )
 
 // fakeAgent is an AgentService whose answers are a function of the check, so each caller can
@@ -45,6 +47,8 @@ type fakeAgent struct {
 	opens   atomic.Int64
 	mu      sync.Mutex
 	batches []int // sizes of the stream batches received
+	partial int   // stream batches received with partial set
+	hangs   []int // the other checks of each stream batch received with a "hang" check
 	accepts atomic.Int64
 }
 
@@ -106,7 +110,45 @@ func (f *fakeAgent) CheckStream(s agentv1.AgentService_CheckStreamServer) error 
 		}
 		f.mu.Lock()
 		f.batches = append(f.batches, len(req.Checks))
+		if req.Partial {
+			f.partial++
+		}
+		hangs := 0
+		for _, c := range req.Checks {
+			if c.Tenant == "hang" {
+				hangs++
+			}
+		}
+		if hangs > 0 {
+			f.hangs = append(f.hangs, len(req.Checks)-hangs)
+		}
 		f.mu.Unlock()
+		mode := streamMode(f.mode.Load())
+		if req.Partial && (mode == streamPartial || mode == streamBadIndexes) {
+			// A response per check, each on its own goroutine after a jitter (a "hang" check
+			// never answered): the client puts the batch together from the indexes.
+			for i, c := range req.Checks {
+				wg.Go(func() {
+					if c.Tenant == "hang" {
+						<-s.Context().Done()
+						return
+					}
+					r, e := decide(c)
+					resp := &agentv1.CheckStreamResponse{Id: req.Id, Results: []*agentv1.CheckResponse{r}, Indexes: []uint32{uint32(i)}}
+					if e != "" {
+						resp.Errors = []string{e}
+					}
+					if mode == streamBadIndexes {
+						resp.Indexes[0] = uint32(len(req.Checks))
+					}
+					time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
+					sendMu.Lock()
+					defer sendMu.Unlock()
+					_ = s.Send(resp)
+				})
+			}
+			continue
+		}
 		wg.Add(1)
 		go func() { // answer each batch on its own goroutine, after a jitter: out of order
 			defer wg.Done()
@@ -131,6 +173,14 @@ func (f *fakeAgent) CheckStream(s agentv1.AgentService_CheckStreamServer) error 
 			_ = s.Send(resp)
 		}()
 	}
+}
+
+// partialBatches is how many stream batches were sent with partial, and for each batch that
+// carried a "hang" check, its other checks.
+func (f *fakeAgent) partialBatches() (int, []int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.partial, append([]int(nil), f.hangs...)
 }
 
 func (f *fakeAgent) batchSizes() []int {

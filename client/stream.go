@@ -85,8 +85,16 @@ type stream struct {
 	s        agentv1.AgentService_CheckStreamClient
 	cancel   context.CancelFunc
 	nextID   uint64
-	inflight map[uint64][]*pending // guarded by streamer.mu
+	inflight map[uint64]*sentBatch // guarded by streamer.mu
 	dead     bool                  // guarded by streamer.mu
+}
+
+// sentBatch is a batch sent on a stream: the agent answers it whole, or (it is sent with
+// partial) the checks it decides at once first and the others later. A check answered is nil
+// in checks; left counts the others.
+type sentBatch struct {
+	checks []*pending
+	left   int
 }
 
 func newStreamer(c *Client, opts Options) *streamer {
@@ -249,7 +257,7 @@ func (st *streamer) open() *stream {
 		st.failedOpen(status.Code(err) == codes.Unimplemented)
 		return nil
 	}
-	s := &stream{s: cs, cancel: cancel, inflight: make(map[uint64][]*pending)}
+	s := &stream{s: cs, cancel: cancel, inflight: make(map[uint64]*sentBatch)}
 	st.mu.Lock()
 	st.cur = s
 	st.mu.Unlock()
@@ -276,7 +284,9 @@ func (st *streamer) failedOpen(unimplemented bool) {
 // sendBatch registers batch on s and sends it. A failed send leaves the batch to the receiver,
 // which fails every batch of the stream when its Recv fails (as it then must).
 func (st *streamer) sendBatch(s *stream, batch []*pending) {
-	msg := &agentv1.CheckStreamRequest{Checks: make([]*agentv1.CheckRequest, len(batch))}
+	// Partial: a check decided at once does not wait for another check's refill. An agent that
+	// predates it answers every message whole, which is read alike.
+	msg := &agentv1.CheckStreamRequest{Checks: make([]*agentv1.CheckRequest, len(batch)), Partial: true}
 	for i, p := range batch {
 		msg.Checks[i] = p.req
 	}
@@ -291,7 +301,7 @@ func (st *streamer) sendBatch(s *stream, batch []*pending) {
 	}
 	s.nextID++
 	msg.Id = s.nextID
-	s.inflight[msg.Id] = batch
+	s.inflight[msg.Id] = &sentBatch{checks: batch, left: len(batch)}
 	st.mu.Unlock()
 	st.batches.Add(1)
 	if err := s.s.Send(msg); err != nil {
@@ -315,24 +325,64 @@ func (st *streamer) receive(s *stream) {
 			return
 		}
 		st.mu.Lock()
-		batch, ok := s.inflight[resp.Id]
-		delete(s.inflight, resp.Id)
+		sb, ok := s.inflight[resp.Id]
+		var answered []*pending
+		lined, complete := false, false
+		if ok {
+			answered, lined = sb.take(resp)
+			if complete = sb.left == 0; complete {
+				delete(s.inflight, resp.Id)
+			}
+		}
 		st.backoff = reopenMin // the stream works
 		st.mu.Unlock()
 		if !ok {
 			st.log.Warn("agent stream: answer to an unknown batch", zap.Uint64("id", resp.Id))
 			continue
 		}
-		<-st.slots
-		deliver(batch, resp, st.c.target)
+		if complete {
+			<-st.slots // the batch's slot is free once every check of it is answered
+		}
+		deliver(answered, resp, lined, st.c.target)
 	}
 }
 
-// deliver hands each check of batch its answer.
-func deliver(batch []*pending, resp *agentv1.CheckStreamResponse, target string) {
-	if len(resp.Results) != len(batch) || (len(resp.Errors) != 0 && len(resp.Errors) != len(batch)) {
-		err := &UnreachableError{Target: target, Err: fmt.Errorf("stream answered %d results and %d errors for %d checks",
-			len(resp.Results), len(resp.Errors), len(batch))}
+// take removes from sb the checks resp answers and returns them in the order of resp's results:
+// every check left when resp lists no indexes, else the checks it lists. ok is false when resp
+// names a check that is not waiting or does not list one index per result: then every check left
+// is taken, to be failed.
+func (sb *sentBatch) take(resp *agentv1.CheckStreamResponse) (checks []*pending, ok bool) {
+	if n := len(resp.Indexes); n != 0 {
+		ok = n == len(resp.Results)
+		for _, i := range resp.Indexes {
+			ok = ok && int(i) < len(sb.checks) && sb.checks[i] != nil
+		}
+		if ok {
+			checks = make([]*pending, n)
+			for k, i := range resp.Indexes {
+				checks[k], sb.checks[i] = sb.checks[i], nil
+			}
+			sb.left -= n
+			return checks, true
+		}
+	}
+	checks = make([]*pending, 0, sb.left)
+	for i, p := range sb.checks {
+		if p != nil {
+			checks = append(checks, p)
+			sb.checks[i] = nil
+		}
+	}
+	sb.left = 0
+	return checks, len(resp.Indexes) == 0
+}
+
+// deliver hands each check of batch its answer, resp's results in order; if the answer does not
+// line up with its checks (!ok, or the counts differ), every check fails.
+func deliver(batch []*pending, resp *agentv1.CheckStreamResponse, ok bool, target string) {
+	if !ok || len(resp.Results) != len(batch) || (len(resp.Errors) != 0 && len(resp.Errors) != len(batch)) {
+		err := &UnreachableError{Target: target, Err: fmt.Errorf("stream answered %d results, %d errors and indexes %v for %d checks",
+			len(resp.Results), len(resp.Errors), resp.Indexes, len(batch))}
 		for _, p := range batch {
 			p.done <- answer{err: err}
 		}
@@ -380,10 +430,12 @@ func (st *streamer) streamFailed(s *stream, err error) {
 	if closed {
 		ans.err = errClosed
 	}
-	for _, batch := range batches {
+	for _, sb := range batches {
 		<-st.slots
-		for _, p := range batch {
-			p.done <- ans
+		for _, p := range sb.checks {
+			if p != nil { // not answered yet
+				p.done <- ans
+			}
 		}
 	}
 }
