@@ -31,7 +31,8 @@ const (
 	// Stream: AgentService.CheckStream. Callers hand their check to one of the connection's
 	// streams, whose sender batches them as the Go client package does: what is queued when it
 	// is free goes out as one message (at most Load.MaxBatch checks), lingering up to
-	// Load.Linger for more under load; at one check in flight a message is one check.
+	// Load.Linger for more under load; at one check in flight a message is one check. Messages
+	// are sent with partial, as the client sends them: a check is answered when it is decided.
 	Stream API = "stream"
 	// Envoy: RateLimitService.ShouldRateLimit, one descriptor (tenant, path, method) per call,
 	// as Envoy's HTTP rate limit filter sends with the policy's mapping.
@@ -150,7 +151,7 @@ func StartLoad(socket string, keys *Keys, load Load) (*Runner, error) {
 				_ = conn.Close()
 				return nil, fmt.Errorf("stackbench: open stream: %w", err)
 			}
-			s := &checkStream{st: st, queue: make(chan *pending, load.Callers), inflight: map[uint64][]*pending{}, dead: make(chan struct{})}
+			s := &checkStream{st: st, queue: make(chan *pending, load.Callers), inflight: map[uint64]*message{}, dead: make(chan struct{})}
 			r.streams = append(r.streams, s)
 			r.streamWG.Go(func() { r.send(s) })
 			r.streamWG.Go(func() { r.receive(s) })
@@ -289,11 +290,19 @@ type checkStream struct {
 	st       agentv1.AgentService_CheckStreamClient
 	queue    chan *pending
 	mu       sync.Mutex
-	inflight map[uint64][]*pending // by message id
+	inflight map[uint64]*message // by id; until every check of it is answered
 	nextID   uint64                // sender only
 	dead     chan struct{}         // closed when the stream failed; err says why
 	once     sync.Once
 	err      error
+}
+
+// message is a message sent with partial, as the client package sends them: the agent answers
+// the checks it decides at once first, the others when they are decided. An answered check is
+// nil in checks; left counts the others.
+type message struct {
+	checks []*pending
+	left   int
 }
 
 // pending is a caller's check on a stream; the caller reuses it for its next check once
@@ -368,12 +377,12 @@ func (r *Runner) send(s *checkStream) {
 			return
 		}
 		batch = r.fill(s, batch)
-		msg := &agentv1.CheckStreamRequest{Id: s.nextID, Checks: make([]*agentv1.CheckRequest, len(batch))}
+		msg := &agentv1.CheckStreamRequest{Id: s.nextID, Checks: make([]*agentv1.CheckRequest, len(batch)), Partial: true}
 		for i, p := range batch {
 			msg.Checks[i] = p.req
 		}
 		s.mu.Lock()
-		s.inflight[s.nextID] = batch
+		s.inflight[s.nextID] = &message{checks: batch, left: len(batch)}
 		s.mu.Unlock()
 		s.nextID++
 		if r.measuring.Load() {
@@ -426,11 +435,10 @@ func (r *Runner) receive(s *checkStream) {
 			return
 		}
 		s.mu.Lock()
-		ps, ok := s.inflight[resp.Id]
-		delete(s.inflight, resp.Id)
+		ps, err := s.take(resp)
 		s.mu.Unlock()
-		if !ok || len(resp.Results) != len(ps) {
-			s.fail(fmt.Errorf("stackbench: stream answer %d: %d results for %d checks", resp.Id, len(resp.Results), len(ps)))
+		if err != nil {
+			s.fail(err)
 			return
 		}
 		for i, p := range ps {
@@ -441,6 +449,43 @@ func (r *Runner) receive(s *checkStream) {
 			p.done <- a
 		}
 	}
+}
+
+// take removes from the message resp answers the checks it answers, in the order of its results
+// (all of them when it lists no indexes); an answer that does not line up is an error. The
+// caller holds s.mu.
+func (s *checkStream) take(resp *agentv1.CheckStreamResponse) ([]*pending, error) {
+	m, ok := s.inflight[resp.Id]
+	if !ok {
+		return nil, fmt.Errorf("stackbench: stream answer to message %d, which is not waiting", resp.Id)
+	}
+	bad := func() error {
+		return fmt.Errorf("stackbench: stream answer %d: %d results, indexes %v, for %d checks of which %d wait",
+			resp.Id, len(resp.Results), resp.Indexes, len(m.checks), m.left)
+	}
+	var ps []*pending
+	switch {
+	case len(resp.Indexes) == 0:
+		if m.left != len(m.checks) || len(resp.Results) != len(m.checks) {
+			return nil, bad()
+		}
+		ps, m.left = m.checks, 0
+	case len(resp.Indexes) != len(resp.Results):
+		return nil, bad()
+	default:
+		ps = make([]*pending, len(resp.Indexes))
+		for k, i := range resp.Indexes {
+			if int(i) >= len(m.checks) || m.checks[i] == nil {
+				return nil, bad()
+			}
+			ps[k], m.checks[i] = m.checks[i], nil
+		}
+		m.left -= len(ps)
+	}
+	if m.left == 0 {
+		delete(s.inflight, resp.Id)
+	}
+	return ps, nil
 }
 
 // Warm checks every key of keys once (Keys.Pass order) in CheckBatch calls of 64 checks from 8
