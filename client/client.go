@@ -8,7 +8,8 @@
 //     into batches of at most MaxBatch checks on one long-lived stream: whatever is queued when
 //     the sender is free goes out at once and, under load (batches in flight), the sender
 //     lingers up to Linger for more. At one check at a time a batch is a single check, sent at
-//     once.
+//     once. Batches are sent with partial: each check is answered when the agent decides it,
+//     not when the slowest check of its batch is decided.
 //   - Unary Check calls, one per check: when the agent does not serve CheckStream (it answers
 //     UNIMPLEMENTED; the stream is probed again every StreamReprobe), while a broken stream is
 //     being reopened, and always with Options.Unary.
