@@ -54,22 +54,27 @@ func binaries(t *testing.T) chaos.Binaries {
 // 10 checks a second against its per-second limit of 20/s and its tenant budget of 10/s, and the
 // same tenants 10 checks a second of the dmulti rule (direct mode, under the same budget); beside
 // them, each agent's Envoy-faithful quota filter decides 100 requests a second for two tenants of
-// the quota rule (40/s each): far above.
+// the quota rule (40/s each): far above. Every fifth check goes through Envoy's API, every third
+// of the others through the client package's CheckStream batches (partial answers).
 var shortLoad = chaos.LoadConfig{Hot: 65, Cold: 35, ColdTenants: 200, Churn: 30, Closed: 10, Emergency: 10, Ledger: 10,
-	Tail: 30, TailTenants: 2000, Direct: 30, Multi: 20, MultiTenants: 3, DMulti: 10, Settled: 10, SettledTenants: 2, EnvoyEvery: 5, IdemEvery: 4, Quota: 100, QuotaTenants: 2}
+	Tail: 30, TailTenants: 2000, Direct: 30, Multi: 20, MultiTenants: 3, DMulti: 10, Settled: 10, SettledTenants: 2, EnvoyEvery: 5, IdemEvery: 4, StreamEvery: 3, Quota: 100, QuotaTenants: 2}
 
 // fullLoad is the load of `make chaos` and `make soak`, per agent: with 5 agents the long tail is
 // 200 checks a second over 4000 tenants (each back on an agent every 100 s), the direct key is
 // offered three times its rate and the multi rule's tenants 50, 33 and 17 checks a second; with 3
 // (the Cluster run, the soak), 120 over 4000, 1.8 times, and 30, 20 and 10.
 var fullLoad = chaos.LoadConfig{Hot: 50, Cold: 40, ColdTenants: 300, Churn: 25, Closed: 10, Emergency: 10, Ledger: 10,
-	Tail: 40, TailTenants: 4000, Direct: 30, Multi: 20, MultiTenants: 3, DMulti: 10, Settled: 10, SettledTenants: 2, EnvoyEvery: 5, IdemEvery: 4, Quota: 200, QuotaTenants: 3}
+	Tail: 40, TailTenants: 4000, Direct: 30, Multi: 20, MultiTenants: 3, DMulti: 10, Settled: 10, SettledTenants: 2, EnvoyEvery: 5, IdemEvery: 4, StreamEvery: 3, Quota: 200, QuotaTenants: 3}
 
 func report(t *testing.T, rep *chaos.Report) {
 	t.Helper()
 	t.Log("\n" + rep.Summary())
 	if len(rep.Violations) > 0 {
 		t.Errorf("%d violations (report: %s)", len(rep.Violations), *out)
+	}
+	// Every path the load offers carried checks: a path that carried none was not checked.
+	if rep.EnvoyChecks == 0 || rep.StreamChecks == 0 {
+		t.Errorf("%d checks through Envoy's API and %d through the client package's stream: a path carried none", rep.EnvoyChecks, rep.StreamChecks)
 	}
 }
 

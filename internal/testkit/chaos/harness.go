@@ -88,6 +88,7 @@ type Report struct {
 	ByKind       map[string]Measured
 	RefusedBy    []Refusals // refusals of checks of several buckets, by the bucket that refused
 	EnvoyChecks  int
+	StreamChecks int // through the client package
 	Check        Result
 	Abuse        AbuseResult
 	Growth       []Growth
@@ -213,6 +214,9 @@ func Run(t testing.TB, o Options) *Report {
 	for i := range records {
 		if records[i].Envoy {
 			rep.EnvoyChecks++
+		}
+		if records[i].Stream {
+			rep.StreamChecks++
 		}
 	}
 	rep.RefusedBy = refusedBy(keys, records)

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/leasebucket/leasebucket/client"
 	"github.com/leasebucket/leasebucket/internal/testkit/envoyquota"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
@@ -62,6 +64,7 @@ type Record struct {
 	Replayed   bool // an idempotent repeat answered without a charge
 	Retry      bool // the repeat of the previous check's idempotency key
 	Envoy      bool // sent through envoy.service.ratelimit.v3
+	Stream     bool // sent through the client package (a CheckStream batch with partial answers)
 	// By names the bucket a refused check of several buckets was refused by, as the native
 	// answer's rule says: 1 the key's own, 1 + i its i-th of Charges; 0 unknown or not refused.
 	By int8
@@ -116,6 +119,10 @@ type LoadConfig struct {
 	// IdemEvery gives every n-th cold and ledger check an idempotency key and repeats it once
 	// after its answer, as a client retrying would (0: never).
 	IdemEvery int
+	// StreamEvery sends every n-th check neither through Envoy nor with an idempotency key
+	// (ledger and settled checks excepted) through the Go client package, which batches the
+	// concurrent checks of all kinds on one CheckStream with partial answers (0: never).
+	StreamEvery int
 }
 
 // checkTimeout is a check's deadline: far above the agent's wait bound (50 ms), so a check
@@ -339,6 +346,7 @@ type request struct {
 	cost   int64 // 0: the rule's
 	idem   string
 	envoy  bool
+	stream bool // through the client package
 	settle bool // the cost is an estimate, settled after the response
 }
 
@@ -480,13 +488,15 @@ func (l *Load) next(ai int, kind Kind, n int, rng *rand.Rand) request {
 		r.idem = fmt.Sprintf("%s-%d-%d-%d", kind, ai, n, rng.Uint32())
 	} else if l.cfg.EnvoyEvery > 0 && kind != KindLedger && kind != KindChurn && n%l.cfg.EnvoyEvery == 1 {
 		r.envoy = true
+	} else if l.cfg.StreamEvery > 0 && kind != KindLedger && kind != KindSettled && n%l.cfg.StreamEvery == 2 {
+		r.stream = true
 	}
 	return r
 }
 
 // send makes one check and records its outcome.
 func (l *Load) send(a *Agent, req request) Record {
-	rec := Record{Key: -1, Agent: int8(a.Index), Kind: req.kind, Envoy: req.envoy}
+	rec := Record{Key: -1, Agent: int8(a.Index), Kind: req.kind, Envoy: req.envoy, Stream: req.stream}
 	if req.key != nil {
 		rec.Key = int32(req.key.ID)
 		rec.Cost = int32(req.key.Cost)
@@ -500,11 +510,18 @@ func (l *Load) send(a *Agent, req request) Record {
 	defer cancel()
 	g1 := a.Gen()
 	rec.Sent = l.s.Since()
-	if req.envoy {
+	var rule string // the native answer's rule
+	switch {
+	case req.envoy:
 		resp, err := a.Envoy.ShouldRateLimit(ctx, envoyRequest(req))
 		rec.Recv = l.s.Since()
 		envoyOutcome(&rec, resp, err)
-	} else {
+	case req.stream:
+		res, err := a.Stream.Check(ctx, client.Request{Tenant: req.tenant, Route: req.path, Operation: req.op, Cost: req.cost})
+		rec.Recv = l.s.Since()
+		streamOutcome(&rec, res, err)
+		rule = res.Rule
+	default:
 		resp, err := a.Client.Check(ctx, &agentv1.CheckRequest{Tenant: req.tenant, Route: req.path, Operation: req.op,
 			Cost: req.cost, IdempotencyKey: req.idem, Settle: req.settle})
 		rec.Recv = l.s.Since()
@@ -512,11 +529,12 @@ func (l *Load) send(a *Agent, req request) Record {
 		if rec.Outcome == OutAllow && !rec.Degraded {
 			rec.settleID = resp.GetSettleId()
 		}
-		if err == nil && req.key != nil && len(req.key.Charges) > 0 && rec.Outcome != OutAllow {
-			for i, b := range req.key.Buckets(l.keys) {
-				if b.Rule.Name == resp.Rule {
-					rec.By = int8(i + 1)
-				}
+		rule = resp.GetRule()
+	}
+	if rule != "" && req.key != nil && len(req.key.Charges) > 0 && rec.Outcome != OutAllow && rec.Outcome != OutError {
+		for i, b := range req.key.Buckets(l.keys) {
+			if b.Rule.Name == rule {
+				rec.By = int8(i + 1)
 			}
 		}
 	}
@@ -545,6 +563,31 @@ func checkOutcome(rec *Record, resp *agentv1.CheckResponse, err error) {
 	}
 	rec.Degraded, rec.Replayed = resp.Degraded, resp.Replayed
 	rec.RetryAfter = time.Duration(resp.RetryAfterMs) * time.Millisecond
+}
+
+// streamOutcome records the client package's answer: a failed call (the agent unreachable, a
+// check it refused as malformed) as an error with the gRPC code it stands for.
+func streamOutcome(rec *Record, res client.Result, err error) {
+	var invalid *client.InvalidError
+	switch {
+	case errors.As(err, &invalid):
+		rec.Outcome, rec.Code = OutError, codes.InvalidArgument
+		return
+	case err != nil:
+		rec.Outcome, rec.Code = OutError, codes.Unavailable
+		return
+	}
+	switch res.Decision {
+	case client.Allow:
+		rec.Outcome = OutAllow
+	case client.Deny:
+		rec.Outcome = OutDeny
+	case client.Unavailable:
+		rec.Outcome = OutUnavailable
+	default:
+		rec.Outcome, rec.Code = OutError, codes.Unknown
+	}
+	rec.Degraded, rec.Replayed, rec.RetryAfter = res.Degraded, res.Replayed, res.RetryAfter
 }
 
 // envoyRequest is req as Envoy's rate limit filter sends it: one descriptor with the policy's

@@ -33,9 +33,9 @@ func writeDecisions(dir string, keys *Keys, records []Record) error {
 				by = keys.List[r.Key].Buckets(keys)[r.By-1].Rule.Name
 			}
 		}
-		fmt.Fprintf(w, `{"sent_us":%d,"recv_us":%d,"agent":%d,"gen":%d,"kind":%q,"key":%q,"cost":%d,"outcome":%q,"code":%q,"degraded":%t,"replayed":%t,"retry":%t,"envoy":%t,"retry_after_ms":%d,"refused_by":%q}`+"\n",
+		fmt.Fprintf(w, `{"sent_us":%d,"recv_us":%d,"agent":%d,"gen":%d,"kind":%q,"key":%q,"cost":%d,"outcome":%q,"code":%q,"degraded":%t,"replayed":%t,"retry":%t,"envoy":%t,"stream":%t,"retry_after_ms":%d,"refused_by":%q}`+"\n",
 			r.Sent.Microseconds(), r.Recv.Microseconds(), r.Agent, r.Gen, r.Kind, key, r.Cost, r.Outcome, r.Code, r.Degraded,
-			r.Replayed, r.Retry, r.Envoy, r.RetryAfter.Milliseconds(), by)
+			r.Replayed, r.Retry, r.Envoy, r.Stream, r.RetryAfter.Milliseconds(), by)
 	}
 	if err := w.Flush(); err != nil {
 		_ = f.Close()
@@ -78,8 +78,8 @@ func (rep *Report) Summary() string {
 	if rep.Cluster {
 		redis = "3-master Redis Cluster"
 	}
-	fmt.Fprintf(&b, "%s: %v, %s, %d coordinators, %d agents; %d checks (%d through Envoy's API, %d decided by Envoy-faithful quota filters), %d faults, %d bad inputs, %d violations\n",
-		rep.Name, rep.Duration.Round(time.Second), redis, rep.Coordinators, rep.Agents, rep.Total.Checks, rep.EnvoyChecks,
+	fmt.Fprintf(&b, "%s: %v, %s, %d coordinators, %d agents; %d checks (%d through Envoy's API, %d through the client package's stream, %d decided by Envoy-faithful quota filters), %d faults, %d bad inputs, %d violations\n",
+		rep.Name, rep.Duration.Round(time.Second), redis, rep.Coordinators, rep.Agents, rep.Total.Checks, rep.EnvoyChecks, rep.StreamChecks,
 		rep.ByKind[KindQuota.String()].Checks, len(rep.Steps), len(rep.Abuse.Probes), len(rep.Violations))
 	l := rep.Check.Ledger
 	fmt.Fprintf(&b, "ledger keys: debited %.3f, spent %.0f, stranded %.3f (bound %.3f; killed agents held %.0f of them); refunds %.0f, lost %.0f\n",
@@ -120,8 +120,8 @@ func (rep *Report) Markdown(w io.Writer) {
 		fmt.Fprintln(w)
 	}
 
-	fmt.Fprintf(w, "## Load\n\n%d checks over Unix sockets (%d through Envoy's `ShouldRateLimit`), offered per agent: hot %g/s, cold %g/s over %d tenants, churn %g/s (a new tenant each), fail-closed %g/s, emergency %g/s, ledger %g/s, the long tail %g/s over %d tenants (each in turn), direct mode (`lease: off`) %g/s on one key, the multi rule (two limits and a tenant budget, all or nothing) %g/s over %d tenants; and %g/s over %d tenants of the quota rule decided by an Envoy-faithful rate_limit_quota filter on each agent (kind quota: its local decisions, the time of each its admission).\n\n",
-		rep.Total.Checks, rep.EnvoyChecks, rep.Load.Hot, rep.Load.Cold, rep.Load.ColdTenants, rep.Load.Churn, rep.Load.Closed,
+	fmt.Fprintf(w, "## Load\n\n%d checks over Unix sockets (%d through Envoy's `ShouldRateLimit`, %d through the Go client package's `CheckStream` batches with partial answers), offered per agent: hot %g/s, cold %g/s over %d tenants, churn %g/s (a new tenant each), fail-closed %g/s, emergency %g/s, ledger %g/s, the long tail %g/s over %d tenants (each in turn), direct mode (`lease: off`) %g/s on one key, the multi rule (two limits and a tenant budget, all or nothing) %g/s over %d tenants; and %g/s over %d tenants of the quota rule decided by an Envoy-faithful rate_limit_quota filter on each agent (kind quota: its local decisions, the time of each its admission).\n\n",
+		rep.Total.Checks, rep.EnvoyChecks, rep.StreamChecks, rep.Load.Hot, rep.Load.Cold, rep.Load.ColdTenants, rep.Load.Churn, rep.Load.Closed,
 		rep.Load.Emergency, rep.Load.Ledger, rep.Load.Tail, rep.Load.TailTenants, rep.Load.Direct, rep.Load.Multi, rep.Load.MultiTenants, rep.Load.Quota, rep.Load.QuotaTenants)
 	fmt.Fprintln(w, "| kind | checks | allow | of which degraded | deny (429) | unavailable (503) | errors | p50 | p99 | max |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/leasebucket/leasebucket/client"
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/redisstore"
 	"github.com/leasebucket/leasebucket/internal/testkit/proctest"
@@ -105,6 +106,9 @@ type Agent struct {
 	Client agentv1.AgentServiceClient
 	Envoy  ratelimitv3.RateLimitServiceClient
 	conn   *grpc.ClientConn
+	// Stream is the Go client package on the agent's socket: concurrent checks go as CheckStream
+	// batches with partial answers (unary while the stream is down).
+	Stream *client.Client
 
 	mu      sync.Mutex
 	proc    *Process
@@ -174,6 +178,9 @@ func NewStack(t testing.TB, cfg StackConfig) *Stack {
 		a.conn = conn
 		a.Client = agentv1.NewAgentServiceClient(conn)
 		a.Envoy = ratelimitv3.NewRateLimitServiceClient(conn)
+		if a.Stream, err = client.New(client.Options{Socket: a.Socket, DialOptions: []grpc.DialOption{fastReconnect}}); err != nil {
+			t.Fatal(err)
+		}
 		s.Agents = append(s.Agents, a)
 		s.StartAgent(i)
 	}
@@ -624,6 +631,7 @@ func (s *Stack) stopAll() {
 			p.Kill()
 		}
 		_ = a.conn.Close()
+		_ = a.Stream.Close()
 	}
 	for i := range s.Coordinators {
 		c := s.Coordinators[i]
