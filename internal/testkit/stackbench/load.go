@@ -291,8 +291,8 @@ type checkStream struct {
 	queue    chan *pending
 	mu       sync.Mutex
 	inflight map[uint64]*message // by id; until every check of it is answered
-	nextID   uint64                // sender only
-	dead     chan struct{}         // closed when the stream failed; err says why
+	nextID   uint64              // sender only
+	dead     chan struct{}       // closed when the stream failed; err says why
 	once     sync.Once
 	err      error
 }
