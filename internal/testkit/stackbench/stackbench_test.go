@@ -116,7 +116,7 @@ func BenchmarkStack(b *testing.B) {
 								if m == sb.Lease {
 									direct = sum.Find(c.Name, api, sb.Direct)
 								}
-								sb.RatiosOf(&res, direct, sum.Find(c.Name, api, sb.Empty)).Report(b)
+								sb.RatiosOf(&res, direct, sum.EmptyOf(api)).Report(b)
 							}
 						})
 					}
