@@ -366,6 +366,10 @@ func (sb *sentBatch) take(resp *agentv1.CheckStreamResponse) (checks []*pending,
 			return checks, true
 		}
 	}
+	if len(resp.Indexes) == 0 && sb.left == len(sb.checks) { // whole, the usual answer
+		checks, sb.left = sb.checks, 0
+		return checks, true
+	}
 	checks = make([]*pending, 0, sb.left)
 	for i, p := range sb.checks {
 		if p != nil {
