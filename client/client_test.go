@@ -190,7 +190,7 @@ func TestStreamPartialAnswers(t *testing.T) {
 				if g < hangs && i == each/2 { // mid-load: a check never answered, among the others
 					hung.Go(func() {
 						if _, err := c.Check(hangCtx, client.Request{Tenant: "hang", Route: "/x", Operation: "GET"}); !errors.Is(err, context.Canceled) {
-							errs <- fmt.Errorf("a check never answered ended with %v, want its caller's cancel", err)
+							errs <- fmt.Errorf("a check never answered ended with %w, want its caller's cancel", err)
 						}
 					})
 				}
