@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 
+	"github.com/leasebucket/leasebucket/internal/clock"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
 
@@ -220,9 +221,7 @@ func (st *checkStream) handle(dec *streamDecoder, msg []byte) error {
 		if len(done) == 0 {
 			later = nil // nothing to answer first: one answer, when all are decided
 		} else {
-			for _, i := range done {
-				s.record(apiStream, now, &slots[i])
-			}
+			s.recordSome(apiStream, now, slots, done)
 			if err := st.answer(m.id, slots, done); err != nil {
 				return err
 			}
@@ -236,18 +235,23 @@ func (st *checkStream) handle(dec *streamDecoder, msg []byte) error {
 	st.wg.Go(func() {
 		defer func() { <-st.pending }()
 		s.settle(st.ctx, slots)
-		if later == nil {
-			s.recordAll(apiStream, now, slots)
-		} else {
-			for _, i := range later {
-				s.record(apiStream, now, &slots[i])
-			}
-		}
+		s.recordSome(apiStream, now, slots, later)
 		if err := st.answer(m.id, slots, later); err != nil {
 			st.fail(err)
 		}
 	})
 	return nil
+}
+
+// recordSome counts and audits the slots idx names, or (nil) every slot.
+func (s *Server) recordSome(api string, now clock.Nanos, slots []slot, idx []uint32) {
+	if idx == nil {
+		s.recordAll(api, now, slots)
+		return
+	}
+	for _, i := range idx {
+		s.record(api, now, &slots[i])
+	}
 }
 
 // splitDone lists the indexes of the slots decided (done) and of those that wait (later).

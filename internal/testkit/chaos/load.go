@@ -577,18 +577,16 @@ func streamOutcome(rec *Record, res client.Result, err error) {
 		rec.Outcome, rec.Code = OutError, codes.Unavailable
 		return
 	}
-	switch res.Decision {
-	case client.Allow:
-		rec.Outcome = OutAllow
-	case client.Deny:
-		rec.Outcome = OutDeny
-	case client.Unavailable:
-		rec.Outcome = OutUnavailable
-	default:
+	o, ok := clientOutcomes[res.Decision]
+	if !ok {
 		rec.Outcome, rec.Code = OutError, codes.Unknown
+		return
 	}
-	rec.Degraded, rec.Replayed, rec.RetryAfter = res.Degraded, res.Replayed, res.RetryAfter
+	rec.Outcome, rec.Degraded, rec.Replayed, rec.RetryAfter = o, res.Degraded, res.Replayed, res.RetryAfter
 }
+
+// clientOutcomes are the client package's decisions as records' outcomes.
+var clientOutcomes = map[client.Decision]Outcome{client.Allow: OutAllow, client.Deny: OutDeny, client.Unavailable: OutUnavailable}
 
 // envoyRequest is req as Envoy's rate limit filter sends it: one descriptor with the policy's
 // tenant, path and method entries (PolicyText's envoy section); hits_addend is the cost.
