@@ -223,6 +223,7 @@ func (st *checkStream) handle(dec *streamDecoder, msg []byte) error {
 		} else {
 			s.recordSome(apiStream, now, slots, done)
 			if err := st.answer(m.id, slots, done); err != nil {
+				s.abandon(slots, err)
 				return err
 			}
 		}
@@ -230,6 +231,7 @@ func (st *checkStream) handle(dec *streamDecoder, msg []byte) error {
 	select {
 	case st.pending <- struct{}{}:
 	case <-st.ctx.Done():
+		s.abandon(slots, st.ctx.Err())
 		return status.FromContextError(st.ctx.Err()).Err()
 	}
 	st.wg.Go(func() {

@@ -449,3 +449,50 @@ func TestCheckStreamEnds(t *testing.T) {
 		t.Fatalf("a stream opened after Drain: %v, want UNAVAILABLE", err)
 	}
 }
+
+// TestCheckStreamAbandoned: the checks of a message whose stream ends before it can be answered
+// leave their keys' queues, so the grant their refill brings is not spent on them. The stream
+// ends while its ninth message waits for a pending slot (eight messages wait for refills held
+// at the coordinator); the refill of its only check, one token of a bucket of one that never
+// refills, is then the lease that allows the next check of that key. Spent on the abandoned
+// check, it would leave that check denied.
+func TestCheckStreamAbandoned(t *testing.T) {
+	const onePolicy = `
+version: "one"
+rules:
+  - name: one
+    routes: ["/api/*"]
+    operations: [read]
+    limit: 1/hour
+    burst: 1
+default:
+  limit: 60/minute
+  burst: 10
+`
+	s := newStack(t, parsePolicy(t, onePolicy), stackOptions{maxWait: 10 * time.Second, callTimeout: 10 * time.Second})
+	client, _, _, _ := s.serve(t)
+	s.coord.gate = make(chan struct{})
+	s.coord.setFault(gated)
+	st, cancel := openStream(t, client)
+	for i := range agent.MaxStreamPending {
+		if err := st.Send(streamMsg(uint64(i), 1, fmt.Sprintf("filler-%d", i), "/api/x", "GET")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.Send(streamMsg(99, 1, "victim", "/api/x", "GET")); err != nil {
+		t.Fatal(err)
+	}
+	const batches = "leasebucket_agent_batch_checks,api=stream"
+	eventually(t, 5*time.Second, "the ninth message read", func() bool {
+		return metricValues(t, s.reg)[batches] == agent.MaxStreamPending+1
+	})
+	cancel()
+	eventually(t, 5*time.Second, "the stream ended", func() bool {
+		return metricValues(t, s.reg)["leasebucket_agent_check_streams"] == 0
+	})
+	close(s.coord.gate)
+	v, err := s.srv.Decide(ctxTimeout(t, 10*time.Second), agent.Query{Tenant: "victim", Path: "/api/x", Operation: "GET"})
+	if err != nil || v.Outcome != agent.Allow {
+		t.Fatalf("the next check of the abandoned check's key: %+v, %v; want allowed by the token its refill brought", v, err)
+	}
+}

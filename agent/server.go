@@ -282,14 +282,7 @@ func (s *Server) settle(ctx context.Context, slots []slot) {
 				expired = true
 			case <-ctx.Done():
 				if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-					for j := i; j < len(slots); j++ {
-						if slots[j].state == slotLease {
-							s.lim.Fallback(s.now(), slots[j].v.Ticket) // leaves its key's queue
-						}
-						if slots[j].state != slotDone {
-							s.resolve(&slots[j], Verdict{}, ctx.Err())
-						}
-					}
+					s.abandon(slots[i:], ctx.Err())
 					return
 				}
 				// The deadline came with the timer (its margin was eaten by scheduling): answer.
@@ -302,6 +295,21 @@ func (s *Server) settle(ctx context.Context, slots []slot) {
 			s.resolve(sl, s.lim.Fallback(s.now(), sl.v.Ticket), nil)
 		case slotFirst:
 			s.resolve(sl, Verdict{}, ErrIdempotencyPending)
+		}
+	}
+}
+
+// abandon ends the waits of slots whose answer nobody will read (the caller went away): a
+// ticket leaves its key's queue, so a grant that comes later serves the checks still waiting or
+// becomes the lease instead of being spent on these; every slot not decided resolves with err
+// (the followers of its idempotency key get it).
+func (s *Server) abandon(slots []slot, err error) {
+	for i := range slots {
+		if slots[i].state == slotLease {
+			s.lim.Fallback(s.now(), slots[i].v.Ticket)
+		}
+		if slots[i].state != slotDone {
+			s.resolve(&slots[i], Verdict{}, err)
 		}
 	}
 }

@@ -68,6 +68,7 @@ const (
 	hangOnce          // the next Acquire hangs, later ones are served
 	slow              // every call takes slowCall
 	lostAnswers       // Acquires are applied, but their answers are lost (the call times out)
+	gated             // every call waits until the test closes testCoordinator.gate
 )
 
 // slowCall is how long a call takes under the slow fault.
@@ -78,6 +79,7 @@ const slowCall = 20 * time.Millisecond
 type testCoordinator struct {
 	svc   *coordinator.Service
 	fault atomic.Int32
+	gate  chan struct{} // set before the gated fault
 
 	mu          sync.Mutex
 	seqs        []uint64 // seq of every Acquire attempt, in order
@@ -114,6 +116,12 @@ func (c *testCoordinator) injected(ctx context.Context, acquire bool) error {
 	case slow:
 		select {
 		case <-time.After(slowCall):
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	case gated:
+		select {
+		case <-c.gate:
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
 		}
