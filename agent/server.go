@@ -304,9 +304,10 @@ func (s *Server) settle(ctx context.Context, slots []slot) {
 // becomes the lease instead of being spent on these; every slot not decided resolves with err
 // (the followers of its idempotency key get it).
 func (s *Server) abandon(slots []slot, err error) {
+	now := s.now()
 	for i := range slots {
 		if slots[i].state == slotLease {
-			s.lim.Fallback(s.now(), slots[i].v.Ticket)
+			s.lim.Fallback(now, slots[i].v.Ticket)
 		}
 		if slots[i].state != slotDone {
 			s.resolve(&slots[i], Verdict{}, err)
