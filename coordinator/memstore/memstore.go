@@ -229,14 +229,15 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 			if prev, ok := e.takes[r.Op.Agent]; ok && r.Op.Agent != "" {
 				since = e.state.Last - prev.Now
 			}
+			total, others := e.totalDemand(r.Op.Agent, demand, e.state.Last, r.TTL)
 			want, mine, contended = lease.Contend(r.Limit, e.state.Tokens, want, r.Min, unit, demand,
-				e.totalDemand(r.Op.Agent, demand, e.state.Last, r.TTL), r.TTL, since, competing)
+				total, others, r.TTL, since, competing)
 		}
 		if contended {
 			e.competes, e.competeUntil = true, e.state.Last+lease.FreshLeases*r.TTL
 		}
 		if contended {
-			share = bucket.WholeShare // the contention rule replaces the share cap
+			share = bucket.WholeShare // the contention rule applied the share cap to the pool
 		}
 		res = e.state.TakeShare(r.Limit, now, want, r.Min, share, unit)
 		if contended {
@@ -343,15 +344,17 @@ func (sh *shard) count(e *entry, r *coordinator.TakeRequest, now bucket.Millis) 
 }
 
 // totalDemand is the key's demand for the contention rule: agent's own and the last demand of
-// every other agent whose take is fresh (within lease.FreshLeases lifetimes of ttl at now).
-func (e *entry) totalDemand(agent string, own bucket.Micro, now, ttl bucket.Millis) bucket.Micro {
-	total := own
+// every other agent whose take is fresh (within lease.FreshLeases lifetimes of ttl at now);
+// others says there is such an agent.
+func (e *entry) totalDemand(agent string, own bucket.Micro, now, ttl bucket.Millis) (total bucket.Micro, others bool) {
+	total = own
 	for a, rec := range e.takes {
 		if a != agent && now-rec.Now <= lease.FreshLeases*ttl {
 			total += rec.Demand
+			others = true
 		}
 	}
-	return total
+	return total, others
 }
 
 // replayReturn answers a return of op on e (nil: no live entry) from the agent's return record:

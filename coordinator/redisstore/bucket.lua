@@ -53,6 +53,7 @@ local debt = tonumber(ARGV[20]) -- take: µ settled after the fact, charged befo
 local max_debt = tonumber(ARGV[21]) -- take: how far below zero the debt may go, µ (<= capacity)
 local ample = tonumber(ARGV[22]) -- take: the grant where the bucket stays ample, µ (0: none)
 local FRESH = 2 -- lease.FreshLeases
+local SHARE = 500 -- lease.Share
 local MAX_SHARE_DEMAND = 8796093022208 -- lease.MaxShareDemand, 2^43
 
 -- The limit, for refill.lua's added, time_for, credit and refill.
@@ -129,7 +130,7 @@ if op == 'take' then
   local low = tokens - want < idiv(capacity, 4)
   local competing = compete_until and last < compete_until
   if want > 0 and ttl > 0 and demand > 0 and (low or competing) then
-    local total = demand
+    local total, others = demand, false
     local all = redis.call('HGETALL', key)
     for i = 1, #all, 2 do
       if string.sub(all[i], 1, 2) == 'a:' and all[i] ~= rec_field then
@@ -139,6 +140,7 @@ if op == 'take' then
         end
         if (#f == 8 or #f == 9) and last - f[#f] <= FRESH * ttl then
           total = total + f[7] -- each <= 2^43, at most a few hundred records
+          others = true
         end
       end
     end
@@ -162,13 +164,19 @@ if op == 'take' then
       else
         pool = capacity
       end
-      local fair = permille(pool, mine)
+      -- where other agents took too, a share above the share cap counts as the cap (lease.Share:
+      -- their demand may not be measured yet)
+      local cap = mine
+      if others then
+        cap = math.min(mine, SHARE)
+      end
+      local fair = permille(pool, cap)
       -- that share whatever it asked for, at most its demand until it asks again: the longest pace
       -- (demand/1000 < 2^34, ttl <= 30000)
       fair = math.min(fair, idiv(demand, WHOLE) * longest)
       fair = idiv(fair, unit) * unit -- whole units, <= fair
       want = math.max(least, fair)
-      share = WHOLE -- the contention rule replaces the share cap
+      share = WHOLE -- the contention rule applied the share cap to the pool
       contended = true
       compete_until = last + FRESH * ttl -- last < 2^52, ttl <= 30000
     end

@@ -422,11 +422,11 @@ var cases = []testCase{
 		f.take(take("b", 2, 5*tok, tok, 3*tok), want{retry: 100, now: f.now, pace: 750})
 		// A second later the bucket is full again and a asks for 3: not low, but the key's agents
 		// compete and it is still overloaded, so a stays under the rule: its lease is its share of
-		// what refilled since it last took and what the bucket holds (750‰ of 10, the capacity),
-		// at most its demand until it asks again (6.75 tokens): 6 whole ones, whatever it asked
-		// for, paced 750 ms (600 ms of refill at its 750‰ is 800, above the longest pace).
+		// what refilled since it last took and what the bucket holds (the capacity, 10), its 750‰
+		// counted as the share cap's 500‰ (lease.Share) as b took too: 5 tokens, whatever it asked
+		// for, paced 667 ms (500 ms of refill at its 750‰).
 		f.advance(1000)
-		f.take(take("a", 2, 3*tok, tok, 9*tok), want{granted: 6 * tok, remaining: 4 * tok, now: f.now, pace: 750})
+		f.take(take("a", 2, 3*tok, tok, 9*tok), want{granted: 5 * tok, remaining: 5 * tok, now: f.now, pace: 667})
 		// Two lifetimes later a's demand is stale: b alone asks for 3 tokens/s, less than the
 		// bucket refills: it is refilling, nothing is cut or paced.
 		f.advance(2*ttl + 1)
@@ -456,8 +456,8 @@ var cases = []testCase{
 		// An ample want equal to the want changes nothing.
 		f.take(take("k", "b", 2, 2*tok, 2*tok, 8*tok, 500), want{granted: 2 * tok, remaining: 10 * tok, now: f.now})
 		// The contention rule still cuts an ample want. a's demand of 40 tokens/s overloads c (80
-		// tokens over a lifetime of 2 s against 20 refilled): its take is contended, and the key's
-		// agents compete for two lifetimes.
+		// tokens over a lifetime of 2 s against 20 refilled): its take is contended (alone on the
+		// key, its share is the whole pool), and the key's agents compete for two lifetimes.
 		f.take(take("c", "a", 1, 20*tok, 20*tok, 40*tok, 2000), want{granted: 20 * tok, remaining: 0, now: f.now, pace: 1500})
 		// 2 s later c is full again, but its agents still compete: b's ample want of 3 tokens leaves
 		// 17, yet b gets its share (24‰ of 20 tokens, less than a request: its least).

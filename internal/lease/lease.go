@@ -241,7 +241,7 @@ func PerSecond(used bucket.Micro, elapsed time.Duration) bucket.Micro {
 // stay at one per agent and lifetime, and no agent retries a bucket others have just emptied. A
 // low bucket whose demand is below its rate is refilling: nothing is cut or paced, and its agents
 // keep their leases sized to their demand. The store applies the rule (it alone sees every
-// agent's demand) with the arithmetic below; the share cap (Share) gives way to it.
+// agent's demand) with the arithmetic below; the share cap (Share) bounds the agent's share.
 const (
 	// FreshLeases is how long, in lease lifetimes, an agent's reported demand counts in a
 	// contended bucket's total: a competing agent asks about once per lifetime.
@@ -265,7 +265,9 @@ func Low(l bucket.Limit, tokens, want bucket.Micro) bool {
 
 // Contend is the contention rule for a take of want (at least least, whole units of unit) by an
 // agent reporting demand, on a bucket holding tokens, whose agents' fresh demands sum to total
-// (this agent's included; each clamped to MaxShareDemand); ttl is the lease lifetime; since is
+// (this agent's included; each clamped to MaxShareDemand); others says another agent took from
+// the bucket within FreshLeases lifetimes (whether or not it reported demand); ttl is the lease
+// lifetime; since is
 // the time since this agent last took (0 if it never did); competing says a take of the key was
 // contended within the last FreshLeases lifetimes. It returns the want
 // to take and the agent's share in permille; contended is false (want unchanged) when the bucket
@@ -275,7 +277,7 @@ func Low(l bucket.Limit, tokens, want bucket.Micro) bool {
 // is overloaded, whatever the bucket holds: the rule keeps the bucket where it was when they
 // began, and a bucket that drifted above the low mark would otherwise hand whole leases to some
 // while the others wait their turn.
-func Contend(l bucket.Limit, tokens, want, least, unit, demand, total bucket.Micro, ttl, since bucket.Millis, competing bool) (cut bucket.Micro, share int64, contended bool) {
+func Contend(l bucket.Limit, tokens, want, least, unit, demand, total bucket.Micro, others bool, ttl, since bucket.Millis, competing bool) (cut bucket.Micro, share int64, contended bool) {
 	if ttl <= 0 || demand <= 0 || want <= 0 || !(competing || Low(l, tokens, want)) {
 		return want, 0, false
 	}
@@ -302,7 +304,18 @@ func Contend(l bucket.Limit, tokens, want, least, unit, demand, total bucket.Mic
 	if refill <= pool-tokens {
 		pool = max(0, refill+tokens) // a bucket in debt (tokens < 0) may have nothing to share
 	}
-	fair := bucket.Permille(pool, share)
+	// Where other agents took too, a share above the share cap (Share) counts as the cap: an agent
+	// whose share reads as more than half may be the only one whose demand was measured yet (an
+	// agent reports its demand from its first closed sample, MinSample after its first check), and
+	// a take of the whole stock would leave the others' next checks nothing to draw on — on a
+	// bucket that refills slowly, for as long as it takes to refill. It is still paced with its
+	// whole share. An agent alone on the key gets its whole share: half would leave it paced while
+	// the bucket holds the other half.
+	most := share
+	if others {
+		most = min(share, Share)
+	}
+	fair := bucket.Permille(pool, most)
 	// The lease is that share, whatever the agent asked for (it asked for its demand over half a
 	// lifetime, as an uncontended agent refills twice a lifetime; a competing one asks about once),
 	// but never more than its demand until it asks again (at most the longest pace, three quarters

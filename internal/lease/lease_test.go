@@ -162,7 +162,7 @@ func TestContend(t *testing.T) {
 		name                        string
 		tokens, want, demand, total bucket.Micro
 		since                       bucket.Millis
-		competing                   bool
+		others, competing           bool
 		cut                         bucket.Micro
 		share                       int64
 		contended                   bool
@@ -175,6 +175,10 @@ func TestContend(t *testing.T) {
 			demand: 1000 * tok, total: 40_000 * tok, since: ttl, cut: 150 * tok, share: 25, contended: true}, // (5000+1000)/40
 		{name: "competing on a bucket above the low mark", tokens: 10_000 * tok, want: 100 * tok, demand: 1000 * tok, total: 40_000 * tok,
 			since: ttl, competing: true, cut: 188 * tok, share: 25, contended: true}, // (5000+10000)/40 = 375, at most its demand until it asks again (188 ms): more than it asked
+		{name: "the only demand reported, others took: at most the share cap of the pool", tokens: 1000 * tok, want: 5000 * tok,
+			demand: 40_000 * tok, total: 40_000 * tok, others: true, since: ttl, cut: 3000 * tok, share: 1000, contended: true}, // (5000+1000)/2
+		{name: "alone on the key: the whole pool", tokens: 1000 * tok, want: 7000 * tok,
+			demand: 40_000 * tok, total: 40_000 * tok, since: ttl, cut: 6000 * tok, share: 1000, contended: true}, // 5000+1000
 		{name: "never took: a lifetime's refill", tokens: 0, want: 5000 * tok, demand: 20_000 * tok, total: 40_000 * tok,
 			cut: 2500 * tok, share: 500, contended: true},
 		{name: "the share rounds below least: least", tokens: 0, want: 5000 * tok, demand: 1 * tok, total: 40_000 * tok,
@@ -186,7 +190,7 @@ func TestContend(t *testing.T) {
 		if tc.name == "direct mode (no lifetime): never contended" {
 			ttl = 0
 		}
-		cut, share, contended := Contend(l, tc.tokens, tc.want, 3*tok, tok, tc.demand, tc.total, ttl, tc.since, tc.competing)
+		cut, share, contended := Contend(l, tc.tokens, tc.want, 3*tok, tok, tc.demand, tc.total, tc.others, ttl, tc.since, tc.competing)
 		if cut != tc.cut || share != tc.share || contended != tc.contended {
 			t.Errorf("%s: Contend = %d µ, %d‰, %v; want %d µ, %d‰, %v", tc.name, cut, share, contended, tc.cut, tc.share, tc.contended)
 		}
@@ -222,9 +226,9 @@ func TestPace(t *testing.T) {
 // over a lifetime or its share of the refill and the bucket, is never cut below least, and is whole
 // units above least; an uncontended take is unchanged; a pace is within [0, τ].
 func FuzzContend(f *testing.F) {
-	f.Add(int64(20_000), int64(20_000), int64(1000), uint64(1000), uint64(5000), uint64(3), uint64(1000), uint64(40_000), int64(250), int64(250), false)
-	f.Add(int64(10), int64(1), int64(60_000), uint64(0), uint64(10), uint64(1), uint64(1), uint64(1), int64(30_000), int64(0), true)
-	f.Fuzz(func(t *testing.T, burst, per, periodMs int64, tokens, want, least, demand, total uint64, ttl, since int64, competing bool) {
+	f.Add(int64(20_000), int64(20_000), int64(1000), uint64(1000), uint64(5000), uint64(3), uint64(1000), uint64(40_000), int64(250), int64(250), false, false)
+	f.Add(int64(10), int64(1), int64(60_000), uint64(0), uint64(10), uint64(1), uint64(1), uint64(1), int64(30_000), int64(0), true, true)
+	f.Fuzz(func(t *testing.T, burst, per, periodMs int64, tokens, want, least, demand, total uint64, ttl, since int64, others, competing bool) {
 		const tok = bucket.PerToken
 		if burst < 1 || burst > 1<<30 || per < 0 || per > 1<<30 || periodMs < 1 || periodMs > 1<<40 {
 			return
@@ -237,7 +241,7 @@ func FuzzContend(f *testing.F) {
 		tk, w, le := bucket.Micro(tokens%uint64(c+1)), bucket.Micro(want%uint64(c+1)), bucket.Micro(least%uint64(c)+1)
 		d, tot := bucket.Micro(demand%uint64(maxDemand)), bucket.Micro(total%uint64(maxDemand))
 		ttl %= int64(MaxTTL/time.Millisecond) + 1
-		cut, share, contended := Contend(l, tk, w, le, tok, d, tot, bucket.Millis(ttl), bucket.Millis(since), competing)
+		cut, share, contended := Contend(l, tk, w, le, tok, d, tot, others, bucket.Millis(ttl), bucket.Millis(since), competing)
 		if !contended {
 			if cut != w || share != 0 {
 				t.Fatalf("uncontended: cut %d (want %d), share %d", cut, w, share)
@@ -249,6 +253,9 @@ func FuzzContend(f *testing.F) {
 		}
 		if cut < le || cut > le && (cut > c || cut%tok != 0 || cut > min(d, MaxShareDemand)/bucket.WholeShare*bucket.Micro(longestPace(bucket.Millis(ttl)))) {
 			t.Fatalf("cut %d µ: least %d, capacity %d, demand %d µ/s over %d ms", cut, le, c, d, ttl)
+		}
+		if others && cut > le && cut > bucket.Permille(c, Share) {
+			t.Fatalf("cut %d µ with other agents on the key: above the share cap of the capacity %d µ", cut, c)
 		}
 		if p := Pace(l, max(cut, 1), share, bucket.Millis(ttl)); p < 0 || p > bucket.Millis(ttl) {
 			t.Fatalf("Pace = %d ms, outside [0, %d]", p, ttl)
