@@ -443,6 +443,28 @@ var cases = []testCase{
 		f.advance(1000)
 		f.take(take("d", 1, 12*tok, tok, 0), want{granted: 10 * tok, remaining: 0, now: f.now})
 	}},
+	{"ContentionOthersUnmeasured", func(f *fixture) {
+		// A day's budget: 100 tokens, one a day, leases of 30 s (lease.MaxTTL).
+		l := limit(f.t, 100*tok, tok, 86_400_000)
+		const ttl = 30_000
+		take := func(agent string, want, demand bucket.Micro) coordinator.TakeRequest {
+			return coordinator.TakeRequest{Key: "day", Limit: l, Want: want, Min: tok, Unit: tok, Demand: demand, TTL: ttl,
+				Op: coordinator.OpID{Agent: agent, Seq: 1}}
+		}
+		// b takes 2 before its first demand sample closed (demand 0): nothing to compare, no rule.
+		f.take(take("b", 2*tok, 0), want{granted: 2 * tok, remaining: 98 * tok, now: f.now})
+		// a's first sample read as 19 tokens/s: it asks for the capacity, the bucket would be left
+		// low and a day's refill is far below that demand (contended). Its share reads as the
+		// whole key, but b took too: half of what the bucket holds and refilled over a lifetime
+		// (49 whole tokens), paced for the longest pace (a lifetime's refill covers less than a
+		// token).
+		r := take("a", 100*tok, 19*tok)
+		f.take(r, want{granted: 49 * tok, remaining: 49 * tok, now: f.now, pace: 22_500})
+		// b's next check finds the other half.
+		r = take("b", tok, 0)
+		r.Op.Seq = 2
+		f.take(r, want{granted: tok, remaining: 48 * tok, now: f.now})
+	}},
 	{"Ample", func(f *fixture) {
 		l := limit(f.t, 20*tok, tok, 100) // 10 tokens a second: full in 2 s
 		take := func(key, agent string, seq uint64, want, ample, demand bucket.Micro, ttl bucket.Millis) coordinator.TakeRequest {
