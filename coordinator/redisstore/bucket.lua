@@ -119,8 +119,8 @@ if op == 'take' then
   end
   -- lease.Contend: a take that would leave the bucket low (below a quarter of its capacity,
   -- lease.Reserve), or on a key whose agents compete (c), on a key whose agents' demand (its own
-  -- and every other agent's fresh take record) over a lifetime is at least what it refills
-  -- (overloaded), is cut to the agent's share of that demand of the refill over a lifetime.
+  -- and every other agent's fresh take record) over a lifetime is at least what it refills and
+  -- holds (overloaded), is cut to the agent's share of that demand of the refill over a lifetime.
   local mine, contended = 0, false
   -- lease.Ample: where the bucket keeps three quarters of its capacity after it, a lease holds
   -- the demand over its whole lifetime (the contention rule below still applies to it)
@@ -147,8 +147,8 @@ if op == 'take' then
     total = math.max(demand, math.min(total, MAX_SHARE_DEMAND))
     local refill = refilled(ttl)
     -- overloaded: the demand over a lifetime (total/1000 < 2^34, ttl <= 30000) is at least the
-    -- refill in it
-    if idiv(total, WHOLE) * ttl >= refill then
+    -- refill in it plus what the bucket holds (each below 2^53)
+    if idiv(total, WHOLE) * ttl >= refill + math.max(0, tokens) then
       mine = idiv(demand * WHOLE, total) -- demand*1000 < 2^53
       -- its share of what refilled since it last took: a lifetime if it never did or long ago,
       -- at most FRESH lifetimes

@@ -408,33 +408,41 @@ var cases = []testCase{
 				Op: coordinator.OpID{Agent: agent, Seq: seq}}
 		}
 		// b takes 6 of 10, the bucket covers it and keeps a quarter: no contention.
-		f.take(take("b", 1, 6*tok, tok, 3*tok), want{granted: 6 * tok, remaining: 4 * tok, now: f.now})
-		// a wants 8 of 4: contended. a's demand is 9 of the key's 12 tokens/s (overloaded: more than
-		// the 10 it refills): 750‰ of the 10 the bucket refills over a lifetime plus the 4 it holds
-		// (at most the capacity, 10), at most its demand over three quarters of a lifetime (6.75),
-		// 6 whole tokens, cut to the 4 held; a waits until 750‰ of the refill covers 4 tokens: 400 ms
-		// at the full rate, 534 at its share (more than its floor, the others' 250‰ of a lifetime).
-		r := take("a", 1, 8*tok, tok, 9*tok)
+		f.take(take("b", 1, 6*tok, tok, 6*tok), want{granted: 6 * tok, remaining: 4 * tok, now: f.now})
+		// a wants 8 of 4: contended. a's demand is 18 of the key's 24 tokens/s (overloaded: more
+		// than the 10 it refills over a lifetime and the 4 it holds): 750‰ of the 10 the bucket
+		// refills over a lifetime plus the 4 it holds (at most the capacity, 10), counted as the
+		// share cap's 500‰ as b took too: 5, cut to the 4 held; a waits until 750‰ of the refill
+		// covers 4 tokens: 400 ms at the full rate, 534 at its share (more than its floor, the
+		// others' 250‰ of a lifetime).
+		r := take("a", 1, 8*tok, tok, 18*tok)
 		f.take(r, want{granted: 4 * tok, remaining: 0, now: f.now, pace: 534})
 		f.take(r, want{granted: 4 * tok, remaining: 0, now: f.now, pace: 534, replayed: true})
 		// b, denied: its 250‰ share needs 400 ms for a token, but on an overloaded key it waits at
 		// least the others' share of a lifetime, 750 ms (also the longest pace).
-		f.take(take("b", 2, 5*tok, tok, 3*tok), want{retry: 100, now: f.now, pace: 750})
+		f.take(take("b", 2, 5*tok, tok, 6*tok), want{retry: 100, now: f.now, pace: 750})
 		// A second later the bucket is full again and a asks for 3: not low, but the key's agents
-		// compete and it is still overloaded, so a stays under the rule: its lease is its share of
-		// what refilled since it last took and what the bucket holds (the capacity, 10), its 750‰
-		// counted as the share cap's 500‰ (lease.Share) as b took too: 5 tokens, whatever it asked
-		// for, paced 667 ms (500 ms of refill at its 750‰).
+		// compete and it is still overloaded (24 tokens over a lifetime against the 10 it refills
+		// and the 10 it holds), so a stays under the rule: its lease is its share of what refilled
+		// since it last took and what the bucket holds (the capacity, 10), its 750‰ counted as the
+		// share cap's 500‰ as b took too: 5 tokens, whatever it asked for, paced 667 ms (500 ms of
+		// refill at its 750‰).
 		f.advance(1000)
-		f.take(take("a", 2, 3*tok, tok, 9*tok), want{granted: 5 * tok, remaining: 5 * tok, now: f.now, pace: 667})
+		f.take(take("a", 2, 3*tok, tok, 18*tok), want{granted: 5 * tok, remaining: 5 * tok, now: f.now, pace: 667})
+		// A key whose agents compete leaves the rule once the bucket holds more than their demand
+		// over a lifetime, less its refill: b, 400 ms later, asks for 2 with a demand of 0.6
+		// tokens/s (the key's is 18.6: 18.6 over a lifetime against 10 refilled and 9 held) and gets
+		// them without a pace.
+		f.advance(400)
+		f.take(take("b", 3, 2*tok, tok, 600_000), want{granted: 2 * tok, remaining: 7 * tok, now: f.now})
 		// Two lifetimes later a's demand is stale: b alone asks for 3 tokens/s, less than the
 		// bucket refills: it is refilling, nothing is cut or paced.
 		f.advance(2*ttl + 1)
-		f.take(take("b", 3, 12*tok, tok, 3*tok), want{granted: 10 * tok, remaining: 0, now: f.now})
+		f.take(take("b", 4, 12*tok, tok, 3*tok), want{granted: 10 * tok, remaining: 0, now: f.now})
 		// b alone over the rate: its share is the whole refill (10 tokens), paced until the refill
 		// covers what it got (no others, no floor).
 		f.advance(500)
-		f.take(take("b", 4, 12*tok, tok, 30*tok), want{granted: 5 * tok, remaining: 0, now: f.now, pace: 500})
+		f.take(take("b", 5, 12*tok, tok, 30*tok), want{granted: 5 * tok, remaining: 0, now: f.now, pace: 500})
 		// Direct mode (no lifetime) and a take without demand are never paced.
 		f.advance(1000)
 		r = take("c", 1, 12*tok, tok, tok)

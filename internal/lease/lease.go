@@ -230,8 +230,11 @@ func PerSecond(used bucket.Micro, elapsed time.Duration) bucket.Micro {
 }
 
 // Contention: when a bucket runs low (a take would leave it below a quarter of its capacity,
-// Reserve) and its agents' demand is at least what it refills (the key is overloaded), the agents
-// compete for what it refills (and keep competing while it stays overloaded). A contended take is
+// Reserve) and its agents' demand is at least what it refills and holds (the key is overloaded),
+// the agents compete for what it refills (and keep competing while it stays overloaded). What it
+// holds counts because of buckets that refill slowly: on a day's budget, whose lease lifetime is
+// cut to MaxTTL, any demand is more than a lifetime's refill, yet what it holds covers its agents'
+// demand for a long while, and pacing them would refuse checks it could serve. A contended take is
 // cut to the agent's share of the key's demand (its reported demand over the sum of the demands
 // the bucket's agents reported within FreshLeases lifetimes) of what the bucket refilled since
 // the agent last took (about a lifetime) plus what it holds, and the agent is told to wait (the
@@ -267,16 +270,15 @@ func Low(l bucket.Limit, tokens, want bucket.Micro) bool {
 // agent reporting demand, on a bucket holding tokens, whose agents' fresh demands sum to total
 // (this agent's included; each clamped to MaxShareDemand); others says another agent took from
 // the bucket within FreshLeases lifetimes (whether or not it reported demand); ttl is the lease
-// lifetime; since is
-// the time since this agent last took (0 if it never did); competing says a take of the key was
-// contended within the last FreshLeases lifetimes. It returns the want
-// to take and the agent's share in permille; contended is false (want unchanged) when the bucket
-// is not low (Low) and its agents are not competing, the key is not overloaded (its demand over a
-// lifetime is below what the bucket refills in it), the plan keeps no lease (ttl 0: direct mode)
-// or the agent reported no demand. Once its agents compete, a key stays under the rule while it
-// is overloaded, whatever the bucket holds: the rule keeps the bucket where it was when they
-// began, and a bucket that drifted above the low mark would otherwise hand whole leases to some
-// while the others wait their turn.
+// lifetime; since is the time since this agent last took (0 if it never did); competing says a
+// take of the key was contended within the last FreshLeases lifetimes. It returns the want to
+// take and the agent's share in permille; contended is false (want unchanged) when the bucket is
+// not low (Low) and its agents are not competing, the key is not overloaded (its demand over a
+// lifetime is below what the bucket refills in it plus what it holds), the plan keeps no lease
+// (ttl 0: direct mode) or the agent reported no demand. Once its agents compete, a key stays
+// under the rule while it is overloaded, above the low mark too: a bucket that drifted above it
+// but holds less than its agents' demand over a lifetime (beyond the refill) would otherwise hand
+// whole leases to some while the others wait their turn.
 func Contend(l bucket.Limit, tokens, want, least, unit, demand, total bucket.Micro, others bool, ttl, since bucket.Millis, competing bool) (cut bucket.Micro, share int64, contended bool) {
 	if ttl <= 0 || demand <= 0 || want <= 0 || !(competing || Low(l, tokens, want)) {
 		return want, 0, false
@@ -284,8 +286,8 @@ func Contend(l bucket.Limit, tokens, want, least, unit, demand, total bucket.Mic
 	d := min(demand, MaxShareDemand)
 	total = max(d, min(total, MaxShareDemand))
 	// total/1000 < 2^34, ttl <= 3·10^4 ms: the demand over a lifetime stays below 2^49.
-	if total/bucket.WholeShare*bucket.Micro(ttl) < l.Refilled(ttl) {
-		return want, 0, false // not overloaded: the bucket is refilling
+	if total/bucket.WholeShare*bucket.Micro(ttl) < l.Refilled(ttl)+max(0, tokens) {
+		return want, 0, false // not overloaded: what it refills and holds covers a lifetime's demand
 	}
 	share = int64(d) * bucket.WholeShare / int64(total) // d·1000 < 2^53
 	// Its share of what refilled since it last took (a lifetime if it never did or long ago, at

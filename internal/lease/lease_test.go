@@ -173,8 +173,10 @@ func TestContend(t *testing.T) {
 			cut: 500 * tok},
 		{name: "low and overloaded: its share of a lifetime's refill and of what the bucket holds", tokens: 1000 * tok, want: 5000 * tok,
 			demand: 1000 * tok, total: 40_000 * tok, since: ttl, cut: 150 * tok, share: 25, contended: true}, // (5000+1000)/40
-		{name: "competing on a bucket above the low mark", tokens: 10_000 * tok, want: 100 * tok, demand: 1000 * tok, total: 40_000 * tok,
-			since: ttl, competing: true, cut: 188 * tok, share: 25, contended: true}, // (5000+10000)/40 = 375, at most its demand until it asks again (188 ms): more than it asked
+		{name: "competing on a bucket above the low mark", tokens: 10_000 * tok, want: 100 * tok, demand: 1000 * tok, total: 80_000 * tok,
+			since: ttl, competing: true, cut: 180 * tok, share: 12, contended: true}, // (5000+10000)·12‰ = 180: more than it asked
+		{name: "competing, but the bucket holds more than the demand over a lifetime beyond its refill", tokens: 10_000 * tok, want: 100 * tok,
+			demand: 1000 * tok, total: 40_000 * tok, since: ttl, competing: true, cut: 100 * tok}, // 10,000 over a lifetime < 5000 + 10,000
 		{name: "the only demand reported, others took: at most the share cap of the pool", tokens: 1000 * tok, want: 5000 * tok,
 			demand: 40_000 * tok, total: 40_000 * tok, others: true, since: ttl, cut: 3000 * tok, share: 1000, contended: true}, // (5000+1000)/2
 		{name: "alone on the key: the whole pool", tokens: 1000 * tok, want: 7000 * tok,
@@ -194,6 +196,24 @@ func TestContend(t *testing.T) {
 		if cut != tc.cut || share != tc.share || contended != tc.contended {
 			t.Errorf("%s: Contend = %d µ, %d‰, %v; want %d µ, %d‰, %v", tc.name, cut, share, contended, tc.cut, tc.share, tc.contended)
 		}
+	}
+}
+
+// TestContendDayBudget: a bucket that refills a token a day is overloaded by any demand if only
+// its refill counts; it is not while what it holds covers its agents' demand over a lifetime, so
+// an agent with a few tokens of demand takes them without a pace while the budget lasts.
+func TestContendDayBudget(t *testing.T) {
+	const tok = bucket.PerToken
+	l := limit(t, 100, 1, 24*time.Hour)
+	ttl := bucket.Millis(TTL(l) / time.Millisecond) // MaxTTL: 30 s
+	// 20 tokens left (below the low mark), a tenth of a token a second: 3 over a lifetime.
+	if cut, share, contended := Contend(l, 20*tok, 2*tok, tok, tok, tok/10, tok/10, false, ttl, 0, true); contended || cut != 2*tok || share != 0 {
+		t.Errorf("3 tokens of demand over a lifetime on 20 held: Contend = %d µ, %d‰, %v; want 2 tokens, uncontended", cut, share, contended)
+	}
+	// A token a second: 30 over a lifetime, more than the 20 held: its share of them, paced.
+	cut, share, contended := Contend(l, 20*tok, 2*tok, tok, tok, tok, tok, false, ttl, 0, true)
+	if !contended || share != bucket.WholeShare || cut != 20*tok {
+		t.Errorf("30 tokens of demand over a lifetime on 20 held: Contend = %d µ, %d‰, %v; want all 20, contended", cut, share, contended)
 	}
 }
 
