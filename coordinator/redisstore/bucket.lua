@@ -205,8 +205,10 @@ if op == 'take' then
     if mine <= 0 or tf >= ttl then
       pace = longest
     else
-      -- tf < ttl <= 30000; at least the others' share of a lifetime
-      pace = math.min(longest, math.max(ceil_div(tf * WHOLE, mine), idiv(ttl * (WHOLE - mine), WHOLE)))
+      -- tf < ttl <= 30000; at least the others' share of a lifetime and half a lifetime
+      -- (lease.Refills)
+      local floor = math.max(idiv(ttl * (WHOLE - mine), WHOLE), idiv(ttl, 2))
+      pace = math.min(longest, math.max(ceil_div(tf * WHOLE, mine), floor))
     end
   end
 else

@@ -443,6 +443,10 @@ var cases = []testCase{
 		// covers what it got (no others, no floor).
 		f.advance(500)
 		f.take(take("b", 5, 12*tok, tok, 30*tok), want{granted: 5 * tok, remaining: 0, now: f.now, pace: 500})
+		// Asked 100 ms later, it gets the token that refilled, and is paced half a lifetime rather
+		// than the 100 ms that token took: alone, it asks no more often than twice a lifetime.
+		f.advance(100)
+		f.take(take("b", 6, 12*tok, tok, 30*tok), want{granted: tok, remaining: 0, now: f.now, pace: 500})
 		// Direct mode (no lifetime) and a take without demand are never paced.
 		f.advance(1000)
 		r = take("c", 1, 12*tok, tok, tok)

@@ -341,8 +341,11 @@ func longestPace(ttl bucket.Millis) bucket.Millis {
 // refill has covered amount, and at least the others' share of a lifetime ttl (that spaces the
 // competing agents' asks about a lifetime apart: asked sooner, a bucket the others share holds
 // less than any one's share of a lifetime, and the agents would settle on asking often for
-// little), at most until what it got is down to its low water (LowWater) at its demand: three
-// quarters of ttl.
+// little) and half a lifetime (ttl/Refills: an agent whose share is most of the key asks no more
+// often than an uncontended one; without it, an agent alone on a key over its rate would keep
+// the cadence of its first contended take, whose refill may be a few milliseconds', and ask that
+// often for that little), at most until what it got is down to its low water (LowWater) at its
+// demand: three quarters of ttl.
 func Pace(l bucket.Limit, amount bucket.Micro, share int64, ttl bucket.Millis) bucket.Millis {
 	longest := longestPace(ttl)
 	tf := l.TimeFor(amount)
@@ -351,6 +354,6 @@ func Pace(l bucket.Limit, amount bucket.Micro, share int64, ttl bucket.Millis) b
 	}
 	// tf < ttl <= MaxTTL in ms, so tf·1000 and ttl·1000 are far below 2^53.
 	own := bucket.Millis((int64(tf)*bucket.WholeShare + share - 1) / share)
-	floor := bucket.Millis(int64(ttl) * (bucket.WholeShare - share) / bucket.WholeShare)
+	floor := max(bucket.Millis(int64(ttl)*(bucket.WholeShare-share)/bucket.WholeShare), ttl/Refills)
 	return min(longest, max(own, floor))
 }

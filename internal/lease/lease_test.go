@@ -218,7 +218,7 @@ func TestContendDayBudget(t *testing.T) {
 }
 
 // TestPace: a competing agent waits until its share of the refill covers what it got, at least
-// the others' share of a lifetime, at most until its lease is down to its low water (three
+// the others' share of a lifetime and half a lifetime, at most until its lease is down to its low water (three
 // quarters of a lifetime).
 func TestPace(t *testing.T) {
 	const tok = bucket.PerToken
@@ -232,7 +232,9 @@ func TestPace(t *testing.T) {
 		{125 * tok, 25, longest}, // own: 7 ms of refill (rounded up) at 25‰ = 280 ms
 		{25 * tok, 25, longest},  // own: 2 ms at 25‰ = 80 ms; the others' share of a lifetime: 243.75 ms
 		{100 * tok, 500, 125},    // own: 5 ms / 0.5 = 10 ms; the others' half of a lifetime: 125 ms
-		{1000 * tok, 1000, 50},   // alone: the time the whole refill takes to cover it
+		{1000 * tok, 1000, 125},  // alone: the whole refill covers it in 50 ms, but it asks at most twice a lifetime
+		{6000 * tok, 1000, 188},  // alone: 300 ms of refill, at most the longest pace
+		{100 * tok, 800, 125},    // most of the key: 7 ms at 800‰; the others' 200‰ of a lifetime is 50 ms; half a lifetime
 		{10_000 * tok, 1000, longest},
 		{1 * tok, 0, longest}, // no share
 	} {
