@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/leasebucket/leasebucket/agent"
@@ -490,6 +491,82 @@ default:
 	eventually(t, 5*time.Second, "the stream ended", func() bool {
 		return metricValues(t, s.reg)["leasebucket_agent_check_streams"] == 0
 	})
+	close(s.coord.gate)
+	v, err := s.srv.Decide(ctxTimeout(t, 10*time.Second), agent.Query{Tenant: "victim", Path: "/api/x", Operation: "GET"})
+	if err != nil || v.Outcome != agent.Allow {
+		t.Fatalf("the next check of the abandoned check's key: %+v, %v; want allowed by the token its refill brought", v, err)
+	}
+}
+
+// failingSendStream is a CheckStream whose client went away after sending its messages: every
+// message is read, every Send fails. Only what the handler uses is implemented.
+type failingSendStream struct {
+	grpc.ServerStream
+	ctx   context.Context
+	msgs  chan *agentv1.CheckStreamRequest
+	sends atomic.Int32
+}
+
+func (f *failingSendStream) Context() context.Context { return f.ctx }
+
+func (f *failingSendStream) RecvMsg(m any) error {
+	select {
+	case req := <-f.msgs:
+		b, err := proto.Marshal(req)
+		if err != nil {
+			return err
+		}
+		return proto.Unmarshal(b, m.(proto.Message))
+	case <-f.ctx.Done():
+		return f.ctx.Err()
+	}
+}
+
+func (f *failingSendStream) Recv() (*agentv1.CheckStreamRequest, error) {
+	m := new(agentv1.CheckStreamRequest)
+	return m, f.RecvMsg(m)
+}
+
+func (f *failingSendStream) Send(*agentv1.CheckStreamResponse) error {
+	f.sends.Add(1)
+	return status.Error(codes.Canceled, "the client went away")
+}
+
+// TestCheckStreamPartialSendFails: a partial message whose first answer (the checks decided at
+// once) cannot be sent ends the stream with that error, and its waiting check leaves its key's
+// queue: the grant its refill brings, one token of a bucket of one that never refills, is then
+// the lease that allows the next check of that key. Spent on the abandoned check, it would leave
+// that check denied.
+func TestCheckStreamPartialSendFails(t *testing.T) {
+	const onePolicy = `
+version: "one"
+rules:
+  - name: one
+    routes: ["/api/*"]
+    operations: [read]
+    limit: 1/hour
+    burst: 1
+default:
+  limit: 60/minute
+  burst: 10
+`
+	s := newStack(t, parsePolicy(t, onePolicy), stackOptions{maxWait: 10 * time.Second, callTimeout: 10 * time.Second})
+	warm := agent.Query{Tenant: "warm", Path: "/other", Operation: "GET"}
+	s.warm(t, warm) // a lease on the default rule: its check is decided at once
+	s.coord.gate = make(chan struct{})
+	s.coord.setFault(gated)
+	msg := &agentv1.CheckStreamRequest{Id: 1, Partial: true, Checks: []*agentv1.CheckRequest{
+		{Tenant: "warm", Route: "/other", Operation: "GET"},
+		{Tenant: "victim", Route: "/api/x", Operation: "GET"},
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st := &failingSendStream{ctx: ctx, msgs: make(chan *agentv1.CheckStreamRequest, 1)}
+	st.msgs <- msg
+	err := s.srv.CheckStream(st)
+	if status.Code(err) != codes.Canceled || st.sends.Load() != 1 {
+		t.Fatalf("CheckStream = %v after %d sends; want the failed Send's error after one", err, st.sends.Load())
+	}
 	close(s.coord.gate)
 	v, err := s.srv.Decide(ctxTimeout(t, 10*time.Second), agent.Query{Tenant: "victim", Path: "/api/x", Operation: "GET"})
 	if err != nil || v.Outcome != agent.Allow {
