@@ -19,8 +19,9 @@
 //
 // The load (StartLoad) is a closed loop of callers on one gRPC connection, drawing tenants from a
 // Dist (one hot key, a uniform walk, Zipf), timing every check on the client side into a Hist.
-// Measure warms a load up, then reads every counter around a measured window; Result reports the
-// window per check as benchmark metrics and Summary prints the runs as one table.
+// Measure warms a load up, then reads every counter around a measured window; Result.Merge adds
+// up the windows of one run (BenchmarkStack cuts a run into slices, the modes taking turns),
+// Result reports them per check as benchmark metrics and Summary prints the runs as one table.
 //
 // The entry points are BenchmarkStack (part of `make bench`; the README's Performance section
 // says what it reports and how to reproduce it) and TestHarness, which runs the harness on tiny

@@ -92,6 +92,31 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
+// Merge adds o, another measured window of the same case, API and mode, to r: its wall time,
+// checks, latencies and counters add up, and r keeps its first failure.
+func (r *Result) Merge(o Result) {
+	r.Wall += o.Wall
+	r.Latency.Merge(&o.Latency)
+	for i := range r.Outcomes {
+		r.Outcomes[i] += o.Outcomes[i]
+		r.Total[i] += o.Total[i]
+	}
+	r.Messages += o.Messages
+	r.MessageChecks += o.MessageChecks
+	if r.Err == nil {
+		r.Err = o.Err
+	}
+	for p := range r.CPU {
+		r.CPU[p] += o.CPU[p]
+	}
+	r.Scripts += o.Scripts
+	r.RedisCmds += o.RedisCmds
+	r.StoreOps += o.StoreOps
+	r.Calls += o.Calls
+	r.Mallocs += o.Mallocs
+	r.Bytes += o.Bytes
+}
+
 // Rate is checks answered per second of the measured window.
 func (r *Result) Rate() float64 { return float64(r.Checks()) / r.Wall.Seconds() }
 

@@ -1,6 +1,7 @@
 package stackbench
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -50,5 +51,47 @@ func TestSummaryRatios(t *testing.T) {
 	}
 	if !strings.HasSuffix(rows[3], "|  |  | 0.50 |") || !strings.HasSuffix(rows[4], "|  | 1.60 | 0.50 | 0.80 |") || !strings.HasSuffix(rows[5], "|  |  |  | 0.00 |") || !strings.HasSuffix(rows[6], "|  |  |  |  |") {
 		t.Errorf("ratio columns:\n%s", out.String())
+	}
+}
+
+// TestResultMerge: windows of one run merged give the figures of one window as long as all of
+// them: rates and per-check figures over the summed wall time and checks, the latencies of
+// both, the first failure.
+func TestResultMerge(t *testing.T) {
+	first := Result{Case: "zipf", API: Unary, Mode: Lease}
+	first.Wall = time.Second
+	first.Outcomes[Allowed], first.Outcomes[Denied] = 900, 100
+	first.Total[Allowed] = 1200
+	first.CPU[ProcAgent], first.CPU[ProcRedis] = 40*time.Millisecond, 10*time.Millisecond
+	first.StoreOps, first.Calls, first.Scripts, first.RedisCmds = 400, 20, 30, 120
+	first.Latency.Record(time.Millisecond)
+	second := first
+	second.Latency = Hist{}
+	second.Wall = 3 * time.Second
+	second.Outcomes[Allowed], second.Outcomes[Denied] = 2700, 300
+	second.CPU[ProcAgent] = 200 * time.Millisecond
+	second.StoreOps = 1200
+	second.Err = errors.New("a failure")
+	for range 3 {
+		second.Latency.Record(3 * time.Millisecond)
+	}
+	first.Merge(second)
+	if got := first.Rate(); got != 1000 {
+		t.Errorf("rate %v, want 1000 checks/s (4000 over 4 s)", got)
+	}
+	if got := first.CPUPerCheck(ProcAgent); got != 60 {
+		t.Errorf("agent CPU %v µs/check, want 60 (240 ms over 4000)", got)
+	}
+	if got := first.PerCheck(first.StoreOps); got != 0.4 {
+		t.Errorf("store ops %v per check, want 0.4", got)
+	}
+	if first.Percent(Denied) != 10 || first.Total[Allowed] != 2400 || first.Calls != 40 || first.RedisCmds != 240 {
+		t.Errorf("denied %v %%, total %d, calls %v, commands %v", first.Percent(Denied), first.Total[Allowed], first.Calls, first.RedisCmds)
+	}
+	if first.Latency.Count() != 4 || first.Latency.Quantile(0.5) < 2*time.Millisecond {
+		t.Errorf("latencies: %d, p50 %v; want 4 with the second window's 3 ms at the median", first.Latency.Count(), first.Latency.Quantile(0.5))
+	}
+	if first.Err == nil {
+		t.Error("the second window's failure is lost")
 	}
 }

@@ -20,6 +20,7 @@ import (
 var (
 	measure = flag.Duration("stackbench.measure", 3*time.Second, "measured time of each run of BenchmarkStack")
 	warmup  = flag.Duration("stackbench.warmup", time.Second, "warm-up of each run of BenchmarkStack, load running, nothing counted")
+	rounds  = flag.Int("stackbench.rounds", 3, "BenchmarkStack: slices each run's measured time is cut into, the modes of a case and API taking turns")
 )
 
 // bins are the programs the stacks run, built on first use.
@@ -73,11 +74,14 @@ var apis = []sb.API{sb.Unary, sb.Stream, sb.Envoy}
 // s=1.1 over 100,000 keys) a direct-mode stack (`lease: off`) and a lease-mode stack (`lease:
 // on`), each its own redis-server, cmd/coordinator and cmd/agent, are started and warmed (every
 // key checked once), then each API (native unary Check, native CheckStream, Envoy's
-// ShouldRateLimit) is measured on both, direct first, back to back; the hot-key case measures
-// the empty handler (emptyagent) first. Each run warms up for -stackbench.warmup, then measures
-// for -stackbench.measure. The lease rows report their ratios to the direct and empty rows, and
-// a Markdown table of every run is printed at the end. What the metrics mean: the README's
-// Performance section. Run it with the default -benchtime (or 1x): each run is time-bound.
+// ShouldRateLimit) is measured on both (the hot-key case on the empty handler, emptyagent, too),
+// the modes taking turns: each run's -stackbench.measure is cut into -stackbench.rounds slices,
+// each warmed up for -stackbench.warmup, and the slices of the modes alternate, so that a busy
+// moment of a shared machine falls on all of them rather than on one. The lease rows report
+// their ratios to the direct and empty rows, and a Markdown table of every run is printed at the
+// end. What the metrics mean: the README's Performance section. Run it with the default
+// -benchtime (or 1x): each run is time-bound (the first mode's sub-benchmark measures every
+// slice but the others' last ones).
 func BenchmarkStack(b *testing.B) {
 	bin, tm := benchSetup(b)
 	ctx := context.Background()
@@ -99,12 +103,44 @@ func BenchmarkStack(b *testing.B) {
 			}
 			for _, api := range apis {
 				b.Run(string(api), func(b *testing.B) {
-					run := func(m sb.Mode, target sb.Target, k *sb.Keys) {
+					modes := []sb.Mode{sb.Direct, sb.Lease}
+					targets := map[sb.Mode]sb.Target{sb.Direct: stacks[sb.Direct], sb.Lease: stacks[sb.Lease]}
+					k := map[sb.Mode]*sb.Keys{sb.Direct: keys[sb.Direct], sb.Lease: keys[sb.Lease]}
+					if empty != nil {
+						modes = append([]sb.Mode{sb.Empty}, modes...)
+						targets[sb.Empty], k[sb.Empty] = empty, c.Keys.New(seed)
+					}
+					n := max(1, *rounds)
+					slice := sb.Timing{Warmup: tm.Warmup, Measure: tm.Measure / time.Duration(n)}
+					got := map[sb.Mode]*sb.Result{}
+					measure := func(b *testing.B, m sb.Mode) {
+						res, err := sb.Measure(ctx, targets[m], k[m], benchLoad(api), slice)
+						if err != nil {
+							b.Fatal(err)
+						}
+						if got[m] == nil {
+							got[m] = &res
+						} else {
+							got[m].Merge(res)
+						}
+					}
+					for i, m := range modes {
 						b.Run(string(m), func(b *testing.B) {
-							res, err := sb.Measure(ctx, target, k, benchLoad(api), tm)
-							if err != nil {
-								b.Fatal(err)
+							if i == 0 {
+								// Every slice but the last of each mode, the modes taking turns (in
+								// reverse order every other round, so that none always follows the
+								// same one); each mode's last slice runs in its own sub-benchmark.
+								for r := range n - 1 {
+									for j := range modes {
+										if r%2 == 1 {
+											j = len(modes) - 1 - j
+										}
+										measure(b, modes[j])
+									}
+								}
 							}
+							measure(b, m)
+							res := *got[m]
 							if res.Outcomes[sb.Failed] > 0 {
 								b.Errorf("%d of %d checks failed; the first: %v", res.Outcomes[sb.Failed], res.Checks(), res.Err)
 							}
@@ -120,17 +156,12 @@ func BenchmarkStack(b *testing.B) {
 							}
 						})
 					}
-					if empty != nil {
-						run(sb.Empty, empty, c.Keys.New(seed))
-					}
-					run(sb.Direct, stacks[sb.Direct], keys[sb.Direct])
-					run(sb.Lease, stacks[sb.Lease], keys[sb.Lease])
 				})
 			}
 		})
 	}
-	fmt.Printf("\nStack benchmark summary: %d CPUs, GOMAXPROCS %d, %s; each run %v measured after %v of warm-up; %d callers\n\n",
-		runtime.NumCPU(), runtime.GOMAXPROCS(0), time.Now().UTC().Format("2006-01-02"), tm.Measure, tm.Warmup, benchLoad(sb.Unary).Callers)
+	fmt.Printf("\nStack benchmark summary: %d CPUs, GOMAXPROCS %d, %s; each run %v measured in %d slices, each after %v of warm-up, the modes taking turns; %d callers\n\n",
+		runtime.NumCPU(), runtime.GOMAXPROCS(0), time.Now().UTC().Format("2006-01-02"), tm.Measure, max(1, *rounds), tm.Warmup, benchLoad(sb.Unary).Callers)
 	sum.Write(os.Stdout)
 	fmt.Println()
 }
