@@ -8,8 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/leasebucket/leasebucket/agent"
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/clock"
 )
 
 const chargesPolicy = `
@@ -250,5 +254,36 @@ default:
 	}
 	if allowed != 6 || shadowed != 3 {
 		t.Fatalf("%d allowed (%d with a shadow denial), want 6 (3): the budget enforced, the shadow rule reported", allowed, shadowed)
+	}
+}
+
+// TestChargesFallbackAfterRecheck: a check of several buckets waits on one bucket's refill with a
+// ticket that is decided "look again" when the refill's answer comes; if the check's wait runs
+// out just then, its fallback is the rule's failure mode (the rule fails closed: unavailable),
+// never the "look again" itself, which no API may answer (Envoy's would read it as OK).
+func TestChargesFallbackAfterRecheck(t *testing.T) {
+	set := parsePolicy(t, chargesPolicy)
+	lim := agent.New(agent.Config{AgentID: "a"}, set)
+	now := clock.Nanos(time.Hour)
+	q := agent.Query{Tenant: "acme", Path: "/api/x", Operation: "GET"}
+	v, err := lim.Check(now, q)
+	if err != nil || v.Outcome != agent.Wait {
+		t.Fatalf("first check of /api: %v, %v; want a wait for the refill", v.Outcome, err)
+	}
+	for c := lim.NextCall(now); c != nil; c = lim.NextCall(now) {
+		if err := lim.Apply(now, c, agent.Reply{Failure: agent.Classify(status.Error(codes.Unavailable, "no coordinator"))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-v.Ticket.Ready():
+	default:
+		t.Fatal("the refill failed and the waiting check's ticket is not decided")
+	}
+	if got := v.Ticket.Verdict(); got.Outcome != agent.Wait {
+		t.Fatalf("the ticket was decided %v; want the check of several buckets asked to look again", got.Outcome)
+	}
+	if fb := lim.Fallback(now+clock.Of(50*time.Millisecond), v.Ticket); fb.Outcome != agent.Unavailable {
+		t.Fatalf("fallback of a check asked to look again as its wait ran out: %v, want unavailable (the rule fails closed)", fb.Outcome)
 	}
 }

@@ -349,27 +349,46 @@ func (l *Limiter) promoteLocked(now clock.Nanos, e *entry) bool {
 // Fallback is the failure-mode answer for a check that stopped waiting for its refill (the shell
 // calls it when a Wait outlasts its patience). The ticket leaves its key's queue: a grant that
 // comes later serves the checks still waiting, or becomes the lease. A ticket decided meanwhile
-// keeps its decision.
+// keeps its decision, unless that decision is to look again (Wait: a check of several buckets
+// whose bucket's refill was answered, a retired key), which is no answer: the failure mode
+// replaces it.
 func (l *Limiter) Fallback(now clock.Nanos, t *Ticket) Verdict {
 	e := t.e
 	if e == nil {
+		if t.v.Outcome == Wait {
+			// A retired key's "check again" (retryTicket), and no time left to: the check fails
+			// closed, as nothing is known of its rule's failure mode here.
+			return Verdict{Outcome: Unavailable}
+		}
 		return t.v
 	}
 	e.mu.Lock()
 	defer e.unlock()
+	decided := false
 	select {
 	case <-t.ready:
-		return t.v
+		if t.v.Outcome != Wait {
+			return t.v
+		}
+		// Decided "look again" (a check of several buckets, when its bucket's refill was
+		// answered) just as the wait ran out: no time is left to look, and "look again" is no
+		// answer (Envoy's API would read it as OK): the failure mode decides, as for a wait that
+		// ran out first.
+		decided = true
 	default:
 	}
-	e.unwait(t)
+	if !decided {
+		e.unwait(t)
+	}
 	v := l.failureLocked(now, e, t.cost)
 	if t.recheck && v.ShadowDeny {
 		// A check of several buckets that waited too long for a shadow rule's bucket: the other
 		// buckets were not charged, so it cannot be allowed; it fails as the rule fails closed.
 		v = Verdict{Outcome: Unavailable, RetryAfter: e.rule.FailureRetryAfter, Rule: e.rule, Limits: e.lim}
 	}
-	t.decideLocked(v)
+	if !decided {
+		t.decideLocked(v)
+	}
 	return v
 }
 
