@@ -119,6 +119,10 @@ func (e envoyServer) ShouldRateLimit(ctx context.Context, req *ratelimitv3.RateL
 			if failed == nil {
 				failed = v
 			}
+		case Allow:
+		default:
+			// No decision (a wait that leaked out): never OK, which Envoy would let through.
+			st.Code, over = ratelimitv3.RateLimitResponse_OVER_LIMIT, true
 		}
 		if v.Limits == nil {
 			continue
