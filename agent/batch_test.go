@@ -451,14 +451,9 @@ func TestCheckStreamEnds(t *testing.T) {
 	}
 }
 
-// TestCheckStreamAbandoned: the checks of a message whose stream ends before it can be answered
-// leave their keys' queues, so the grant their refill brings is not spent on them. The stream
-// ends while its ninth message waits for a pending slot (eight messages wait for refills held
-// at the coordinator); the refill of its only check, one token of a bucket of one that never
-// refills, is then the lease that allows the next check of that key. Spent on the abandoned
-// check, it would leave that check denied.
-func TestCheckStreamAbandoned(t *testing.T) {
-	const onePolicy = `
+// onePolicy's rule one is a bucket of one token that never refills in a test: the refill of a
+// check that was given up is the lease that decides the next check of its key.
+const onePolicy = `
 version: "one"
 rules:
   - name: one
@@ -470,6 +465,14 @@ default:
   limit: 60/minute
   burst: 10
 `
+
+// TestCheckStreamAbandoned: the checks of a message whose stream ends before it can be answered
+// leave their keys' queues, so the grant their refill brings is not spent on them. The stream
+// ends while its ninth message waits for a pending slot (eight messages wait for refills held
+// at the coordinator); the refill of its only check, one token of a bucket of one that never
+// refills, is then the lease that allows the next check of that key. Spent on the abandoned
+// check, it would leave that check denied.
+func TestCheckStreamAbandoned(t *testing.T) {
 	s := newStack(t, parsePolicy(t, onePolicy), stackOptions{maxWait: 10 * time.Second, callTimeout: 10 * time.Second})
 	client, _, _, _ := s.serve(t)
 	s.coord.gate = make(chan struct{})
@@ -538,18 +541,6 @@ func (f *failingSendStream) Send(*agentv1.CheckStreamResponse) error {
 // the lease that allows the next check of that key. Spent on the abandoned check, it would leave
 // that check denied.
 func TestCheckStreamPartialSendFails(t *testing.T) {
-	const onePolicy = `
-version: "one"
-rules:
-  - name: one
-    routes: ["/api/*"]
-    operations: [read]
-    limit: 1/hour
-    burst: 1
-default:
-  limit: 60/minute
-  burst: 10
-`
 	s := newStack(t, parsePolicy(t, onePolicy), stackOptions{maxWait: 10 * time.Second, callTimeout: 10 * time.Second})
 	warm := agent.Query{Tenant: "warm", Path: "/other", Operation: "GET"}
 	s.warm(t, warm) // a lease on the default rule: its check is decided at once
