@@ -308,3 +308,12 @@ func TestChargesMarkLinksUsed(t *testing.T) {
 		}
 	}
 }
+
+// TestFallbackRetryTicket: a retired key's "check again" ticket, met when the wait ran out, is
+// answered fail-closed, never as the Wait it holds (which Envoy's API would read as OK).
+func TestFallbackRetryTicket(t *testing.T) {
+	l := New(Config{AgentID: "a"}, testSet(t))
+	if v := l.Fallback(0, retryTicket); v.Outcome != Unavailable {
+		t.Fatalf("Fallback of the retry ticket = %v, want unavailable", v.Outcome)
+	}
+}

@@ -239,14 +239,10 @@ func TestSentinelFailover(t *testing.T) {
 	failures := 0
 	for {
 		resp, err := rs[failures%2].client.Acquire(ctxFor(t, 30*time.Second), last)
-		unavailable := err != nil
 		if err != nil {
 			storeFailure(t, err, append(s.SentinelAddrs(), s.Node(0).Addr(), s.Node(1).Addr()))
 		}
-		for _, r := range resp.GetResults() {
-			unavailable = unavailable || r.Status == coordinatorv1.Status_STATUS_STORE_UNAVAILABLE
-		}
-		if !unavailable {
+		if err == nil && !itemUnavailable(resp) {
 			// The retry of the last call before the failover is answered from its replicated record.
 			for i, r := range resp.Results {
 				if f := lastResp.Results[i]; !r.Replayed || r.GrantedMicro != f.GrantedMicro {
@@ -271,11 +267,7 @@ func TestSentinelFailover(t *testing.T) {
 		var err error
 		for {
 			resp, err = rs[seq%2].client.Acquire(ctxFor(t, 30*time.Second), acquire("agent", seq, set.Version(), items...))
-			unavailable := status.Code(err) == codes.Unavailable
-			for _, r := range resp.GetResults() {
-				unavailable = unavailable || r.Status == coordinatorv1.Status_STATUS_STORE_UNAVAILABLE
-			}
-			if !unavailable || time.Since(start) > 60*time.Second {
+			if status.Code(err) != codes.Unavailable && !itemUnavailable(resp) || time.Since(start) > 60*time.Second {
 				break
 			}
 			time.Sleep(50 * time.Millisecond)
@@ -291,4 +283,14 @@ func TestSentinelFailover(t *testing.T) {
 		}
 	}
 	checkBudget(t, l, set, refs, replica)
+}
+
+// itemUnavailable reports whether an item of resp (nil: none) found the store unavailable.
+func itemUnavailable(resp *coordinatorv1.AcquireResponse) bool {
+	for _, r := range resp.GetResults() {
+		if r.Status == coordinatorv1.Status_STATUS_STORE_UNAVAILABLE {
+			return true
+		}
+	}
+	return false
 }

@@ -235,8 +235,6 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 		}
 		if contended {
 			e.competes, e.competeUntil = true, e.state.Last+lease.FreshLeases*r.TTL
-		}
-		if contended {
 			share = bucket.WholeShare // the contention rule applied the share cap to the pool
 		}
 		res = e.state.TakeShare(r.Limit, now, want, r.Min, share, unit)

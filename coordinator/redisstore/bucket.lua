@@ -166,11 +166,11 @@ if op == 'take' then
       end
       -- where other agents took too, a share above the share cap counts as the cap (lease.Share:
       -- their demand may not be measured yet)
-      local cap = mine
+      local most = mine
       if others then
-        cap = math.min(mine, SHARE)
+        most = math.min(mine, SHARE)
       end
-      local fair = permille(pool, cap)
+      local fair = permille(pool, most)
       -- that share whatever it asked for, at most its demand until it asks again: the longest pace
       -- (demand/1000 < 2^34, ttl <= 30000)
       fair = math.min(fair, idiv(demand, WHOLE) * longest)

@@ -218,8 +218,8 @@ func TestContendDayBudget(t *testing.T) {
 }
 
 // TestPace: a competing agent waits until its share of the refill covers what it got, at least
-// the others' share of a lifetime and half a lifetime, at most until its lease is down to its low water (three
-// quarters of a lifetime).
+// the others' share of a lifetime and half a lifetime, at most until its lease is down to its
+// low water (three quarters of a lifetime).
 func TestPace(t *testing.T) {
 	const tok = bucket.PerToken
 	l := limit(t, 20_000, 20_000, time.Second) // 20 tokens a ms

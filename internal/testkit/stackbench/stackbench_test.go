@@ -88,33 +88,30 @@ func BenchmarkStack(b *testing.B) {
 	var sum sb.Summary
 	for _, c := range sb.Cases {
 		b.Run(c.Name, func(b *testing.B) {
-			var empty *sb.EmptyServer
-			if c.Keys.Kind == sb.Hot {
-				empty = sb.StartEmpty(b, bin)
-			}
-			stacks := map[sb.Mode]*sb.Stack{}
+			modes := []sb.Mode{sb.Direct, sb.Lease}
+			targets := map[sb.Mode]sb.Target{}
 			keys := map[sb.Mode]*sb.Keys{}
+			if c.Keys.Kind == sb.Hot {
+				modes = append([]sb.Mode{sb.Empty}, modes...)
+				targets[sb.Empty] = sb.StartEmpty(b, bin)
+			}
 			for _, m := range []sb.Mode{sb.Direct, sb.Lease} {
-				stacks[m] = sb.StartStack(b, bin, sb.PolicyYAML(c, m))
+				targets[m] = sb.StartStack(b, bin, sb.PolicyYAML(c, m))
 				keys[m] = c.Keys.New(seed)
-				if _, err := sb.Warm(ctx, stacks[m].Socket(), keys[m], sb.Settle); err != nil {
+				if _, err := sb.Warm(ctx, targets[m].Socket(), keys[m], sb.Settle); err != nil {
 					b.Fatal(err)
 				}
 			}
 			for _, api := range apis {
 				b.Run(string(api), func(b *testing.B) {
-					modes := []sb.Mode{sb.Direct, sb.Lease}
-					targets := map[sb.Mode]sb.Target{sb.Direct: stacks[sb.Direct], sb.Lease: stacks[sb.Lease]}
-					k := map[sb.Mode]*sb.Keys{sb.Direct: keys[sb.Direct], sb.Lease: keys[sb.Lease]}
-					if empty != nil {
-						modes = append([]sb.Mode{sb.Empty}, modes...)
-						targets[sb.Empty], k[sb.Empty] = empty, c.Keys.New(seed)
+					if targets[sb.Empty] != nil {
+						keys[sb.Empty] = c.Keys.New(seed) // each API's empty run from the start of the draws
 					}
 					n := max(1, *rounds)
 					slice := sb.Timing{Warmup: tm.Warmup, Measure: tm.Measure / time.Duration(n)}
 					got := map[sb.Mode]*sb.Result{}
 					measure := func(b *testing.B, m sb.Mode) {
-						res, err := sb.Measure(ctx, targets[m], k[m], benchLoad(api), slice)
+						res, err := sb.Measure(ctx, targets[m], keys[m], benchLoad(api), slice)
 						if err != nil {
 							b.Fatal(err)
 						}
