@@ -10,6 +10,7 @@ import (
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
+	"github.com/leasebucket/leasebucket/internal/lease"
 	"github.com/leasebucket/leasebucket/policy"
 )
 
@@ -78,6 +79,9 @@ func chargedKey(t *testing.T) (l *Limiter, q Query, own, second, budget *entry) 
 		if e.tokens.Load() < 100*int64(bucket.PerToken) || e.expires.Load() <= int64(time.Second) || !e.touched.Load() {
 			t.Fatalf("%s: %d µ until %d, touched %t: want a live lease of a used key", e.rule.Name, e.tokens.Load(), e.expires.Load(), e.touched.Load())
 		}
+		// The setup measured no demand, so the leases would refill only at need (lease.LowMark);
+		// the cases are about keys busy enough to refill ahead of it.
+		e.lowWater.Store(e.tokens.Load() * lease.LowWater / 1000)
 	}
 	if c := l.NextCall(0); c != nil {
 		t.Fatalf("a call is queued after the setup: %+v", c)

@@ -247,7 +247,7 @@ func (e *entry) installLocked(l grant) {
 	// expires before tokens: a spender that sees the new tokens also sees the new expiry.
 	e.expires.Store(int64(l.expires))
 	e.tokens.Store(int64(l.tokens))
-	e.lowWater.Store(int64(l.tokens) * lease.LowWater / 1000)
+	e.lowWater.Store(int64(lease.LowMark(l.tokens, e.demand.Rate(), e.unit, lease.TTL(e.lim.Bucket))))
 }
 
 // setNextLocked replaces the prefetched lease. e.mu is held.

@@ -68,6 +68,20 @@ func TTL(l bucket.Limit) time.Duration {
 	return max(MinTTL, time.Duration(ms)*time.Millisecond)
 }
 
+// LowMark is the level below which a lease of tokens refills ahead of need (LowWater of it), or 0,
+// never, when its key's demand (µ per second) fills less than one request (unit) per lease
+// lifetime ttl. A refill ahead of need costs a store operation to spare the next check a round
+// trip; a key that colder would seldom see its next check before the refilled lease expired, so
+// the operation would mostly buy a lease that lapses unspent, where its next check takes its own
+// (docs/leases.md, "What leases cannot save on a long tail").
+func LowMark(tokens, demand, unit bucket.Micro, ttl time.Duration) bucket.Micro {
+	// the demand over a lifetime: below 2^52/1000 · 3·10^4 ms < 2^63, as in Size
+	if min(demand, maxDemand)/1000*bucket.Micro(ttl/time.Millisecond) < unit {
+		return 0
+	}
+	return tokens * LowWater / 1000
+}
+
 // Ask is what an agent tells about one key when it asks for tokens: facts, not a size.
 type Ask struct {
 	// Needed is the sum of the costs of the checks waiting for this refill; 0 for a refill ahead

@@ -109,6 +109,31 @@ func TestAmple(t *testing.T) {
 	}
 }
 
+func TestLowMark(t *testing.T) {
+	const tok = bucket.PerToken
+	tau := 250 * time.Millisecond
+	for _, tc := range []struct {
+		name                 string
+		tokens, demand, unit bucket.Micro
+		ttl                  time.Duration
+		want                 bucket.Micro
+	}{
+		{"no demand measured", 16 * tok, 0, tok, tau, 0},
+		{"a request every 2 lifetimes", 16 * tok, 2 * tok, tok, tau, 0},
+		{"just under a request per lifetime", 16 * tok, 4*tok - 4, tok, tau, 0},
+		{"a request per lifetime", 16 * tok, 4 * tok, tok, tau, 4 * tok},
+		{"ten per lifetime", 16 * tok, 40 * tok, tok, tau, 4 * tok},
+		{"requests of 5 tokens, 4 tokens per lifetime", 16 * tok, 16 * tok, 5 * tok, tau, 0},
+		{"requests of 5 tokens, 5 tokens per lifetime", 16 * tok, 20 * tok, 5 * tok, tau, 4 * tok},
+		{"a day's lifetime cap: a request a minute", 8 * tok, tok / 60, tok, MaxTTL, 0},
+		{"demand beyond any bucket", 8 * tok, bucket.MaxExact, tok, MaxTTL, 2 * tok},
+	} {
+		if got := LowMark(tc.tokens, tc.demand, tc.unit, tc.ttl); got != tc.want {
+			t.Errorf("%s: LowMark(%d µ, %d µ/s, %d µ, %v) = %d µ, want %d µ", tc.name, tc.tokens, tc.demand, tc.unit, tc.ttl, got, tc.want)
+		}
+	}
+}
+
 func TestDemand(t *testing.T) {
 	const tok = bucket.PerToken
 	var d Demand
