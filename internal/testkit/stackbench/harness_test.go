@@ -249,9 +249,10 @@ func TestQuotaHarness(t *testing.T) {
 	stack := sb.StartStack(t, bin, sb.QuotaPolicyYAML())
 	keys := sb.Dist{Kind: sb.Uniform, N: 10}.New(1)
 	// Two reports: the first assignments come after each bucket's first request. The measured
-	// window holds at least one report, when the agent works (between reports it does nothing its
-	// 10 ms CPU ticks would count).
-	tm := sb.Timing{Warmup: 2 * sb.QuotaReporting, Measure: sb.QuotaReporting + 500*time.Millisecond}
+	// window holds at least three reports, when the agent works: between reports it does nothing
+	// its 10 ms CPU ticks would count, and one report of ten buckets can take less than a tick
+	// (a loaded machine measured 0 s over a window of one).
+	tm := sb.Timing{Warmup: 2 * sb.QuotaReporting, Measure: 3*sb.QuotaReporting + 500*time.Millisecond}
 	res, err := sb.Measure(ctx, stack, keys, sb.Load{API: sb.Quota, Callers: 4, Envoys: 2, Pause: time.Millisecond}, tm)
 	if err != nil {
 		t.Fatal(err)
