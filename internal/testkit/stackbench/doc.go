@@ -15,7 +15,9 @@
 //   - Redis: INFO commandstats, the calls of every command and of the script commands
 //     (RedisProbe, which takes its own INFO calls out);
 //   - store operations: the coordinator's leasebucket_coordinator_items_total, one per item of
-//     its Acquire and Return calls (ScrapeSum of its /metrics).
+//     its Acquire and Return calls (ScrapeSum of its /metrics);
+//   - the machine: /proc/stat's CPU ticks and steal (ReadHostCPU), so a run says how much of
+//     the shared machine the hypervisor gave to others while it measured.
 //
 // The load (StartLoad) is a closed loop of callers on one gRPC connection, drawing tenants from a
 // Dist (one hot key, a uniform walk, Zipf), timing every check on the client side into a Hist.

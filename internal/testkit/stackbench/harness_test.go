@@ -236,6 +236,10 @@ func checkRun(t *testing.T, name string, res sb.Result, measure time.Duration) {
 	if res.Wall < measure*9/10 {
 		t.Errorf("%s: measured for %v, want %v", name, res.Wall, measure)
 	}
+	// The machine's CPUs tick about 100 times a second each (USER_HZ), steal among them.
+	if h := res.Host; h.Total < int64(measure/(20*time.Millisecond)) || h.Steal < 0 || h.Steal > h.Total {
+		t.Errorf("%s: the machine's CPUs %d ticks (steal %d) over %v", name, h.Total, h.Steal, res.Wall)
+	}
 }
 
 // TestQuotaHarness runs BenchmarkQuota's RLQS load for a moment against a real stack and checks

@@ -47,6 +47,61 @@ func ProcCPU(pid int) (time.Duration, error) {
 	return time.Duration(utime+stime) * clockTick, nil
 }
 
+// HostCPU is what the machine's CPUs did so far, in clock ticks of all of them: the first line
+// of /proc/stat.
+type HostCPU struct {
+	// Total is user, nice, system, idle, iowait, irq, softirq and steal (guest time is already in
+	// user and nice).
+	Total int64
+	// Steal is the time a virtual CPU had work and the hypervisor ran something else: the other
+	// tenants of a shared machine, which slows every process here without showing in their CPU.
+	Steal int64
+}
+
+// Sub is h − o.
+func (h HostCPU) Sub(o HostCPU) HostCPU {
+	return HostCPU{Total: h.Total - o.Total, Steal: h.Steal - o.Steal}
+}
+
+// StealPercent is the share of the CPUs' time the hypervisor took, in %; 0 over no time.
+func (h HostCPU) StealPercent() float64 {
+	if h.Total <= 0 {
+		return 0
+	}
+	return 100 * float64(h.Steal) / float64(h.Total)
+}
+
+// ReadHostCPU reads /proc/stat.
+func ReadHostCPU() (HostCPU, error) {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return HostCPU{}, fmt.Errorf("stackbench: %w", err)
+	}
+	return parseHostCPU(string(data))
+}
+
+// parseHostCPU reads the "cpu" line of a /proc/stat. Kernels before 2.6.11 had no steal field;
+// those fields that are missing count as 0.
+func parseHostCPU(stat string) (HostCPU, error) {
+	line, _, _ := strings.Cut(stat, "\n")
+	f := strings.Fields(line)
+	if len(f) < 5 || f[0] != "cpu" {
+		return HostCPU{}, fmt.Errorf("stackbench: /proc/stat: first line %q", line)
+	}
+	var h HostCPU
+	for i, v := range f[1:min(len(f), 9)] { // user … steal
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return HostCPU{}, fmt.Errorf("stackbench: /proc/stat: field %d %q", i+1, v)
+		}
+		h.Total += n
+		if i == 7 {
+			h.Steal = n
+		}
+	}
+	return h, nil
+}
+
 // RedisStats is what INFO commandstats says of a redis-server so far, without the probe's own
 // commands (see RedisProbe).
 type RedisStats struct {

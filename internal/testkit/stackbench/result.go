@@ -29,6 +29,7 @@ type Result struct {
 	Calls     float64 // the coordinator's calls
 	Mallocs   uint64  // heap allocations of this process (the load generator)
 	Bytes     uint64
+	Host      HostCPU // the machine's CPUs, steal included
 }
 
 // Measure runs load against target: the callers start, run for tm.Warmup uncounted, then for
@@ -52,12 +53,21 @@ func Measure(ctx context.Context, target Target, keys *Keys, load Load, tm Timin
 	if err != nil {
 		return res, err
 	}
+	hostA, err := ReadHostCPU()
+	if err != nil {
+		return res, err
+	}
 	r.Begin()
 	err = sleep(ctx, tm.Measure)
 	r.End()
 	if err != nil {
 		return res, err
 	}
+	hostZ, err := ReadHostCPU()
+	if err != nil {
+		return res, err
+	}
+	res.Host = hostZ.Sub(hostA)
 	z, err := target.Sample(ctx, true)
 	stopped = true
 	res.Window = r.Stop()
@@ -115,6 +125,8 @@ func (r *Result) Merge(o Result) {
 	r.Calls += o.Calls
 	r.Mallocs += o.Mallocs
 	r.Bytes += o.Bytes
+	r.Host.Total += o.Host.Total
+	r.Host.Steal += o.Host.Steal
 }
 
 // Rate is checks answered per second of the measured window.
@@ -159,6 +171,7 @@ func (r *Result) Report(b *testing.B) {
 	b.ReportMetric(r.CPUPerCheck(ProcClient), "client-cpu-µs/check")
 	b.ReportMetric(r.Percent(Denied), "denied-%")
 	b.ReportMetric(r.Percent(Unavailable), "unavailable-%")
+	b.ReportMetric(r.Host.StealPercent(), "steal-%")
 	if r.Mode != Empty {
 		b.ReportMetric(r.CPUPerCheck(ProcCoordinator), "coord-cpu-µs/check")
 		b.ReportMetric(r.CPUPerCheck(ProcRedis), "redis-cpu-µs/check")
@@ -247,8 +260,8 @@ func (s *Summary) Write(w io.Writer) {
 		return
 	}
 	var b strings.Builder
-	b.WriteString("| case | API | mode | checks/s | p50 µs | p99 µs | scripts/check | Redis cmds/check | store ops/check | CPU µs/check agent | coord | Redis | total | denied % | unavailable % | key interval s | ×direct checks/s | ×direct CPU/check | ×empty checks/s |\n")
-	b.WriteString("|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	b.WriteString("| case | API | mode | checks/s | p50 µs | p99 µs | scripts/check | Redis cmds/check | store ops/check | CPU µs/check agent | coord | Redis | total | denied % | unavailable % | key interval s | ×direct checks/s | ×direct CPU/check | ×empty checks/s | steal % |\n")
+	b.WriteString("|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range s.results {
 		q := RatiosOf(r, nil, s.EmptyOf(r.API))
 		if r.Mode == Lease {
@@ -273,11 +286,11 @@ func (s *Summary) Write(w io.Writer) {
 		if iv := r.KeyInterval(); iv > 0 {
 			interval = fmt.Sprintf("%.1f", iv.Seconds())
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %.0f | %.0f | %s | %s | %s | %.1f | %s | %s | %.1f | %.1f | %.1f | %s | %s | %s | %s |\n",
+		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %.0f | %.0f | %s | %s | %s | %.1f | %s | %s | %.1f | %.1f | %.1f | %s | %s | %s | %s | %.0f |\n",
 			r.Case, r.API, r.Mode, r.Rate(), micros(r.Latency.Quantile(0.5)), micros(r.Latency.Quantile(0.99)),
 			dash(r.PerCheck(r.Scripts), "%.4f"), dash(r.PerCheck(r.RedisCmds), "%.3f"), dash(r.PerCheck(r.StoreOps), "%.4f"),
 			r.CPUPerCheck(ProcAgent), dash(r.CPUPerCheck(ProcCoordinator), "%.1f"), dash(r.CPUPerCheck(ProcRedis), "%.1f"),
-			r.TotalCPUPerCheck(), r.Percent(Denied), r.Percent(Unavailable), interval, ratio(q.DirectRate), ratio(q.DirectCPU), ratio(q.EmptyRate))
+			r.TotalCPUPerCheck(), r.Percent(Denied), r.Percent(Unavailable), interval, ratio(q.DirectRate), ratio(q.DirectCPU), ratio(q.EmptyRate), r.Host.StealPercent())
 	}
 	_, _ = io.WriteString(w, b.String())
 }

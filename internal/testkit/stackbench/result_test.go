@@ -65,6 +65,7 @@ func TestResultMerge(t *testing.T) {
 	first.CPU[ProcAgent], first.CPU[ProcRedis] = 40*time.Millisecond, 10*time.Millisecond
 	first.StoreOps, first.Calls, first.Scripts, first.RedisCmds = 400, 20, 30, 120
 	first.Latency.Record(time.Millisecond)
+	first.Host = HostCPU{Total: 200, Steal: 0}
 	second := first
 	second.Latency = Hist{}
 	second.Wall = 3 * time.Second
@@ -72,6 +73,7 @@ func TestResultMerge(t *testing.T) {
 	second.CPU[ProcAgent] = 200 * time.Millisecond
 	second.StoreOps = 1200
 	second.Err = errors.New("a failure")
+	second.Host = HostCPU{Total: 600, Steal: 80}
 	for range 3 {
 		second.Latency.Record(3 * time.Millisecond)
 	}
@@ -93,5 +95,33 @@ func TestResultMerge(t *testing.T) {
 	}
 	if first.Err == nil {
 		t.Error("the second window's failure is lost")
+	}
+	if got := first.Host.StealPercent(); got != 10 {
+		t.Errorf("steal %v %%, want 10 (80 of 800 ticks)", got)
+	}
+}
+
+// TestParseHostCPU: /proc/stat's first line, with and without the steal field (kernels before
+// 2.6.11), guest time left out as it is already in user and nice; anything else is an error.
+func TestParseHostCPU(t *testing.T) {
+	for _, tc := range []struct {
+		name, stat string
+		want       HostCPU
+		err        bool
+	}{
+		{"a current kernel", "cpu  4705 150 1120 16250 520 0 25 300 40 0\ncpu0 2350 75 560 8125 260 0 12 150 20 0\n", HostCPU{Total: 23070, Steal: 300}, false},
+		{"no steal field", "cpu  4705 150 1120 16250 520 0 25\n", HostCPU{Total: 22770}, false},
+		{"not the cpu line", "intr 12345 0 0\n", HostCPU{}, true},
+		{"a field that is not a number", "cpu  4705 150 x 16250 520 0 25 300\n", HostCPU{}, true},
+		{"empty", "", HostCPU{}, true},
+	} {
+		got, err := parseHostCPU(tc.stat)
+		if (err != nil) != tc.err || got != tc.want {
+			t.Errorf("%s: parseHostCPU = %+v, %v; want %+v, error %t", tc.name, got, err, tc.want, tc.err)
+		}
+	}
+	h, err := ReadHostCPU()
+	if err != nil || h.Total <= 0 || h.Steal < 0 || h.Steal > h.Total {
+		t.Errorf("ReadHostCPU() = %+v, %v: want this machine's ticks so far", h, err)
 	}
 }
