@@ -9,7 +9,7 @@ import (
 
 // TestSummaryRatios: a lease row is compared with the direct row of its case and API and with the
 // empty row of its API (whatever the case: another case's rows too), a direct row with the empty
-// row only; per-check figures divide by the checks answered.
+// row only; per-check figures divide by the checks answered; the last column is the steal.
 func TestSummaryRatios(t *testing.T) {
 	run := func(m Mode, checks int64, cpu time.Duration) Result {
 		r := Result{Case: "hot", API: Unary, Mode: m, Dist: Dist{Kind: Hot, N: 1}}
@@ -19,9 +19,11 @@ func TestSummaryRatios(t *testing.T) {
 		return r
 	}
 	var s Summary
-	s.Add(run(Empty, 1000, 10*time.Millisecond)) // 10 µs/check
-	s.Add(run(Direct, 500, 20*time.Millisecond)) // 40 µs/check
-	s.Add(run(Lease, 800, 16*time.Millisecond))  // 20 µs/check
+	s.Add(run(Empty, 1000, 10*time.Millisecond))     // 10 µs/check
+	s.Add(run(Direct, 500, 20*time.Millisecond))     // 40 µs/check
+	leaseRun := run(Lease, 800, 16*time.Millisecond) // 20 µs/check
+	leaseRun.Host = HostCPU{Total: 400, Steal: 20}   // 5 % stolen
+	s.Add(leaseRun)
 	s.Add(Result{Case: "other", API: Unary, Mode: Lease, Window: Window{Wall: time.Second, Outcomes: [numOutcomes]int64{Allowed: 1}}})
 	s.Add(Result{Case: "other", API: Stream, Mode: Lease, Window: Window{Wall: time.Second, Outcomes: [numOutcomes]int64{Allowed: 1}}})
 	lease := s.Find("hot", Unary, Lease)
@@ -49,8 +51,8 @@ func TestSummaryRatios(t *testing.T) {
 			t.Errorf("row %d = %q, want it to start %q", i, rows[i+2], want)
 		}
 	}
-	if !strings.HasSuffix(rows[3], "|  |  | 0.50 |") || !strings.HasSuffix(rows[4], "|  | 1.60 | 0.50 | 0.80 |") || !strings.HasSuffix(rows[5], "|  |  |  | 0.00 |") || !strings.HasSuffix(rows[6], "|  |  |  |  |") {
-		t.Errorf("ratio columns:\n%s", out.String())
+	if !strings.HasSuffix(rows[3], "|  |  | 0.50 | 0 |") || !strings.HasSuffix(rows[4], "|  | 1.60 | 0.50 | 0.80 | 5 |") || !strings.HasSuffix(rows[5], "|  |  |  | 0.00 | 0 |") || !strings.HasSuffix(rows[6], "|  |  |  |  | 0 |") {
+		t.Errorf("ratio and steal columns:\n%s", out.String())
 	}
 }
 
