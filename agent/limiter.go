@@ -376,8 +376,6 @@ func (l *Limiter) Fallback(now clock.Nanos, t *Ticket) Verdict {
 		// ran out first.
 		decided = true
 	default:
-	}
-	if !decided {
 		e.unwait(t)
 	}
 	v := l.failureLocked(now, e, t.cost)

@@ -75,11 +75,16 @@ func TTL(l bucket.Limit) time.Duration {
 // the operation would mostly buy a lease that lapses unspent, where its next check takes its own
 // (docs/leases.md, "What leases cannot save on a long tail").
 func LowMark(tokens, demand, unit bucket.Micro, ttl time.Duration) bucket.Micro {
-	// the demand over a lifetime: below 2^52/1000 · 3·10^4 ms < 2^63, as in Size
-	if min(demand, maxDemand)/1000*bucket.Micro(ttl/time.Millisecond) < unit {
+	if overLifetime(demand, ttl) < unit {
 		return 0
 	}
 	return tokens * LowWater / 1000
+}
+
+// overLifetime is demand (µ per second) over a lifetime ttl (at most MaxTTL), in µ: below
+// 2^52/1000 · 3·10^4 ms < 2^63.
+func overLifetime(demand bucket.Micro, ttl time.Duration) bucket.Micro {
+	return min(demand, maxDemand) / 1000 * bucket.Micro(ttl/time.Millisecond)
 }
 
 // Ask is what an agent tells about one key when it asks for tokens: facts, not a size.
@@ -157,8 +162,7 @@ func Size(limit bucket.Limit, cost bucket.Micro, direct bool, a Ask) (Plan, erro
 		return p, nil
 	}
 	p.TTL, p.Share = TTL(limit), Share
-	// the demand over a lifetime: below 2^52/1000 · 3·10^4 ms < 2^63
-	lifetime := min(a.Demand, maxDemand) / 1000 * bucket.Micro(p.TTL/time.Millisecond)
+	lifetime := overLifetime(a.Demand, p.TTL)
 	p.Want = grow(capacity, cost, a, lifetime/Refills)
 	p.AmpleWant = grow(capacity, cost, a, roundUp(min(lifetime, capacity), cost, capacity))
 	return p, nil
