@@ -49,6 +49,18 @@ const abuseTimeout = 5 * time.Second
 // bound is time, not tries.
 const probeRetries = 20 * time.Second
 
+// askAgain is the answer of ask, asked again while it is the failure mode's (again) for up to
+// probeRetries, after the wait ask gives each time.
+func askAgain(ask func() (got string, again bool, wait time.Duration)) string {
+	for start := time.Now(); ; {
+		got, again, wait := ask()
+		if !again || time.Since(start) > probeRetries {
+			return got
+		}
+		time.Sleep(wait)
+	}
+}
+
 // AbuseResult is what the bad-input client found.
 type AbuseResult struct {
 	Probes     []Probe
@@ -214,24 +226,21 @@ var invalid = codes.InvalidArgument.String()
 func agentProbes(a *Agent, keys *Keys) []Probe {
 	burst := keys.Set.Rule("ledger").Quota.Burst
 	check := func(name, want string, req *agentv1.CheckRequest) Probe {
-		var got string
 		// A check that needs a refill answers with its rule's failure mode when the refill takes
 		// longer than the agent's wait bound (a loaded machine): a decision, but not the one the
 		// probe looks for, so it is asked again, after the Retry-After it was given (the key's
 		// failure backoff; at least 100 ms, at most 2 s), for up to probeRetries.
-		for start := time.Now(); ; {
+		got := askAgain(func() (string, bool, time.Duration) {
 			ctx, cancel := context.WithTimeout(context.Background(), abuseTimeout)
 			resp, err := a.Client.Check(ctx, req)
 			cancel()
-			got = codeOf(err)
-			if err == nil {
-				got = checkDecision(keys, req, resp)
+			if err != nil {
+				return codeOf(err), false, 0
 			}
-			if got != "decision "+agentv1.Decision_DECISION_UNAVAILABLE.String() || time.Since(start) > probeRetries {
-				break
-			}
-			time.Sleep(min(2*time.Second, max(100*time.Millisecond, time.Duration(resp.RetryAfterMs)*time.Millisecond)))
-		}
+			got := checkDecision(keys, req, resp)
+			return got, got == "decision "+agentv1.Decision_DECISION_UNAVAILABLE.String(),
+				min(2*time.Second, max(100*time.Millisecond, time.Duration(resp.RetryAfterMs)*time.Millisecond))
+		})
 		return Probe{Target: "agent", Name: name, Want: want, Got: got}
 	}
 	ok := func(tenant, route, op string) *agentv1.CheckRequest {
@@ -321,20 +330,18 @@ func envoyProbes(a *Agent, keys *Keys) []Probe {
 			entry("tenant", tenant), entry("path", path), entry("method", method)}}
 	}
 	call := func(name, want string, req *ratelimitv3.RateLimitRequest) Probe {
-		var got string
-		for range 5 { // as for the native probes: a failure-mode answer (fail closed: UNAVAILABLE) is asked again
+		// As for the native probes: a failure-mode answer (fail closed: UNAVAILABLE, which repeats
+		// for the key's failure backoff, up to 2 s) is asked again for up to probeRetries.
+		got := askAgain(func() (string, bool, time.Duration) {
 			ctx, cancel := context.WithTimeout(context.Background(), abuseTimeout)
 			resp, err := a.Envoy.ShouldRateLimit(ctx, req)
 			cancel()
-			got = codeOf(err)
+			got := codeOf(err)
 			if err == nil && resp.OverallCode != ratelimitv3.RateLimitResponse_OK && resp.OverallCode != ratelimitv3.RateLimitResponse_OVER_LIMIT {
 				got = "decision " + resp.OverallCode.String()
 			}
-			if want != decision || got != codes.Unavailable.String() {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return got, want == decision && got == codes.Unavailable.String(), 200 * time.Millisecond
+		})
 		return Probe{Target: "envoy", Name: name, Want: want, Got: got}
 	}
 	req := func(ds ...*commonv3.RateLimitDescriptor) *ratelimitv3.RateLimitRequest {
