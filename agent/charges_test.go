@@ -52,7 +52,8 @@ default:
 // stands still, a check of /api charges three buckets (api, its second limit api#2 and the
 // tenant budget): five are allowed (api#2 holds 10 tokens, a check costs 2), and every refusal
 // after them names api#2, waits for the end of its hour, and spends nothing anywhere. Once the
-// agent has handed its leases back, each bucket holds exactly its burst less the five checks.
+// agent has handed its leases back, each bucket holds exactly its burst less the five checks
+// (less what the agent gave up: see checkLevels).
 func TestChargesAllOrNothing(t *testing.T) {
 	set := parsePolicy(t, chargesPolicy)
 	s := newStack(t, set, stackOptions{})
@@ -65,23 +66,43 @@ func TestChargesAllOrNothing(t *testing.T) {
 	}
 	s.stop(t)
 	const cost, others = 2 * bucket.PerToken, 40 * bucket.PerToken
-	for _, c := range []struct {
-		path string
-		want bucket.Micro
-	}{
-		{"/api/x", 1000*bucket.PerToken - 5*cost},
-		{"/other", 1000*bucket.PerToken - others},
-	} {
-		if got := s.level(t, c.path, "GET", "acme"); got != c.want {
-			t.Errorf("%s's bucket holds %d µ, want %d µ: charged for exactly the allowed checks", c.path, got, c.want)
+	checkLevels(t, s, []level{
+		{"api", s.level(t, "/api/x", "GET", "acme"), 1000*bucket.PerToken - 5*cost},
+		{"other", s.level(t, "/other", "GET", "acme"), 1000*bucket.PerToken - others},
+		{"budget (5 checks of /api at 2, 40 of /other at 1)", chargeLevel(t, s, "budget"), 1000*bucket.PerToken - 5*cost - others},
+		{"api#2 (its 10 tokens went to the 5 checks)", chargeLevel(t, s, "api#2"), 0},
+	})
+}
+
+// level is a bucket's level in the store, and the level it should hold.
+type level struct {
+	name      string
+	got, want bucket.Micro
+}
+
+// checkLevels fails unless each bucket holds what it should: charged for exactly the checks
+// allowed, once the agent has handed its leases back, but for what the agent gave up. The store's
+// clock stands still and the agent's does not, so on a loaded machine the agent can count a
+// small remainder as covered by the refill since its grant and keep it (skipped), or refund a
+// cost to a lease that a refill replaced in between (lost, docs/agent.md). Those tokens stay
+// spent, counted: no bucket holds more than it should, and what they all lack is exactly that.
+func checkLevels(t *testing.T, s *stack, levels []level) {
+	t.Helper()
+	st := s.lim.Stats()
+	givenUp := bucket.Micro(st.SkippedMicro.Load() + st.RefundsLostMicro.Load())
+	var lack bucket.Micro
+	for _, l := range levels {
+		if l.got > l.want {
+			t.Errorf("%s's bucket holds %d µ, more than the %d µ it should: a check went uncharged", l.name, l.got, l.want)
 		}
+		lack += l.want - l.got
 	}
-	budget, second := chargeLevel(t, s, "budget"), chargeLevel(t, s, "api#2")
-	if want := 1000*bucket.PerToken - 5*cost - others; budget != want {
-		t.Errorf("the tenant budget holds %d µ, want %d µ (5 checks of /api at 2, 40 of /other at 1)", budget, want)
-	}
-	if second != 0 {
-		t.Errorf("api#2 holds %d µ, want 0: its 10 tokens went to the 5 checks", second)
+	if lack != givenUp {
+		for _, l := range levels {
+			t.Logf("%s's bucket holds %d µ, want %d µ", l.name, l.got, l.want)
+		}
+		t.Errorf("the buckets lack %d µ together, want the %d µ the agent gave up (%d skipped, %d of lost refunds): charged for exactly the allowed checks",
+			lack, givenUp, st.SkippedMicro.Load(), st.RefundsLostMicro.Load())
 	}
 }
 

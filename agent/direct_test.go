@@ -14,7 +14,8 @@ import (
 // tenant budget that a leased route charges too. Through the agent's server on a coordinator and a store whose clock
 // stands still, five checks of /d are allowed (d#2 holds 10 tokens, a check costs 2); every
 // refusal after them names d#2 and spends nothing anywhere; the leased route keeps charging the
-// budget from leases. Each bucket ends holding exactly its burst less what was allowed.
+// budget from leases. Each bucket ends holding exactly its burst less what was allowed (less
+// what the agent gave up: see checkLevels).
 func TestChargesDirectAllOrNothing(t *testing.T) {
 	set := parsePolicy(t, chargesPolicy)
 	s := newStack(t, set, stackOptions{})
@@ -26,6 +27,7 @@ func TestChargesDirectAllOrNothing(t *testing.T) {
 	const tok = bucket.PerToken
 	r, _ := set.Match("/d", "GET")
 	want := map[string]bucket.Micro{"d": 1000*tok - 10*tok, "d#2": 0, "budget": 1000*tok - 10*tok - 40*tok}
+	levels := []level{{"other", s.level(t, "/other", "GET", "acme"), 1000*tok - 40*tok}}
 	for _, id := range append([]uint32{r.ID}, r.Charges()...) {
 		c := set.RouteByID(id)
 		key, _ := set.Key(c, "acme", "")
@@ -34,10 +36,9 @@ func TestChargesDirectAllOrNothing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got != want[c.Rule.Name] {
-			t.Errorf("%s holds %d µ, want %d µ: charged for exactly the allowed checks", c.Rule.Name, got, want[c.Rule.Name])
-		}
+		levels = append(levels, level{c.Rule.Name, got, want[c.Rule.Name]})
 	}
+	checkLevels(t, s, levels)
 }
 
 // TestChargesDirectUnservedGoesBackEverywhere: a direct check of three buckets (chargesPolicy's
