@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/checkwire"
 	"github.com/leasebucket/leasebucket/internal/clock"
 	"github.com/leasebucket/leasebucket/internal/lease"
 	"github.com/leasebucket/leasebucket/policy"
@@ -38,7 +39,7 @@ func (d *discardQuotaStream) Send(m *rlqsv3.RateLimitQuotaResponse) error {
 	d.buf, err = proto.MarshalOptions{}.MarshalAppend(d.buf[:0], m)
 	d.sent++
 	d.items += len(m.BucketAction)
-	_ = forFields(m.ProtoReflect().GetUnknown(), func(num protowire.Number, _ protowire.Type, _ []byte, _ uint64) error {
+	_ = checkwire.ForFields(m.ProtoReflect().GetUnknown(), func(num protowire.Number, _ protowire.Type, _ []byte, _ uint64) error {
 		if num == responseActionField {
 			d.items++ // an action the stream encoded itself
 		}

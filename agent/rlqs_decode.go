@@ -8,6 +8,8 @@ import (
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/leasebucket/leasebucket/internal/checkwire"
 )
 
 // A usage report is decoded here rather than by the generated code: the generated decoder builds a
@@ -57,7 +59,7 @@ var errTooManyEntries = errors.New("too many bucket_id entries")
 // decodeQuotaReports decodes b into r, reusing r's slices.
 func decodeQuotaReports(b []byte, r *quotaReports) error {
 	r.domain, r.usages, r.entries = nil, r.usages[:0], r.entries[:0]
-	return forFields(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
+	return checkwire.ForFields(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
 		switch {
 		case num == reportsDomainField && typ == protowire.BytesType:
 			if !utf8.Valid(v) {
@@ -76,17 +78,17 @@ func decodeQuotaReports(b []byte, r *quotaReports) error {
 }
 
 func (r *quotaReports) decodeUsage(b []byte, u *quotaUsage) error {
-	return forFields(b, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
+	return checkwire.ForFields(b, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
 		switch {
 		case num == usageBucketIDField && typ == protowire.BytesType:
-			return forFields(v, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
+			return checkwire.ForFields(v, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
 				if num == bucketIDBucketField && typ == protowire.BytesType {
 					return r.decodeEntry(v, u)
 				}
 				return nil
 			})
 		case num == usageElapsedField && typ == protowire.BytesType:
-			return forFields(v, func(protowire.Number, protowire.Type, []byte, uint64) error { return nil })
+			return checkwire.ForFields(v, func(protowire.Number, protowire.Type, []byte, uint64) error { return nil })
 		case num == usageAllowedField && typ == protowire.VarintType:
 			u.allowed = x
 		case num == usageDeniedField && typ == protowire.VarintType:
@@ -99,7 +101,7 @@ func (r *quotaReports) decodeUsage(b []byte, u *quotaUsage) error {
 // decodeEntry adds one map entry of a bucket id to u: a key given before takes the new value.
 func (r *quotaReports) decodeEntry(b []byte, u *quotaUsage) error {
 	var e idEntry
-	err := forFields(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
+	err := checkwire.ForFields(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
 		if typ != protowire.BytesType || num != mapKeyField && num != mapValueField {
 			return nil
 		}
@@ -127,42 +129,6 @@ func (r *quotaReports) decodeEntry(b []byte, u *quotaUsage) error {
 	}
 	r.entries = append(r.entries, e)
 	u.to++
-	return nil
-}
-
-// forFields calls f with each field of the message b: its number, wire type, and its bytes (a
-// length-delimited field's contents) or its value (a varint). Groups and fixed-size fields are
-// skipped whole, as unknown fields.
-func forFields(b []byte, f func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error) error {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		if num > protowire.MaxValidNumber {
-			return fmt.Errorf("field number %d", num)
-		}
-		b = b[n:]
-		var v []byte
-		var x uint64
-		switch typ {
-		case protowire.BytesType:
-			v, n = protowire.ConsumeBytes(b)
-		case protowire.VarintType:
-			x, n = protowire.ConsumeVarint(b)
-		default:
-			n = protowire.ConsumeFieldValue(num, typ, b)
-		}
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		b = b[n:]
-		if typ == protowire.BytesType || typ == protowire.VarintType {
-			if err := f(num, typ, v, x); err != nil {
-				return err
-			}
-		}
-	}
 	return nil
 }
 

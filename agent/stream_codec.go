@@ -6,6 +6,8 @@ import (
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/leasebucket/leasebucket/internal/checkwire"
 )
 
 // A CheckStream message is decoded and its answer encoded here rather than by the generated code:
@@ -22,34 +24,34 @@ import (
 // each checks field is one more check. appendStreamAnswer writes the bytes proto.Marshal writes
 // for the message answers builds (TestStreamAnswerBytes).
 
-// Field numbers of leasebucket.agent.v1 (checked against the generated descriptors by
-// TestStreamCodecFields).
+// Field numbers of leasebucket.agent.v1, the names this file reads best with (checkwire checks
+// them against the generated descriptors).
 const (
-	streamIDField      = 1 // CheckStreamRequest.id, CheckStreamResponse.id
-	streamChecksField  = 2 // CheckStreamRequest.checks
-	streamPartialField = 3 // CheckStreamRequest.partial
-	streamResultsField = 2 // CheckStreamResponse.results
-	streamErrorsField  = 3 // CheckStreamResponse.errors
-	streamIndexesField = 4 // CheckStreamResponse.indexes
+	streamIDField      = checkwire.StreamIDField
+	streamChecksField  = checkwire.StreamChecksField
+	streamPartialField = checkwire.StreamPartialField
+	streamResultsField = checkwire.StreamResultsField
+	streamErrorsField  = checkwire.StreamErrorsField
+	streamIndexesField = checkwire.StreamIndexesField
 
-	checkTenantField    = 1 // CheckRequest.tenant
-	checkRouteField     = 2 // CheckRequest.route
-	checkOperationField = 3 // CheckRequest.operation
-	checkCostField      = 4 // CheckRequest.cost
-	checkIdemKeyField   = 5 // CheckRequest.idempotency_key
-	checkSettleField    = 6 // CheckRequest.settle
+	checkTenantField    = checkwire.CheckTenantField
+	checkRouteField     = checkwire.CheckRouteField
+	checkOperationField = checkwire.CheckOperationField
+	checkCostField      = checkwire.CheckCostField
+	checkIdemKeyField   = checkwire.CheckIdemKeyField
+	checkSettleField    = checkwire.CheckSettleField
 
-	respDecisionField   = 1  // CheckResponse.decision
-	respDegradedField   = 2  // CheckResponse.degraded
-	respRetryAfterField = 3  // CheckResponse.retry_after_ms
-	respRemainingField  = 4  // CheckResponse.remaining
-	respLimitField      = 5  // CheckResponse.limit
-	respWindowField     = 6  // CheckResponse.window_ms
-	respResetField      = 7  // CheckResponse.reset_ms
-	respRuleField       = 8  // CheckResponse.rule
-	respShadowDenyField = 9  // CheckResponse.shadow_deny
-	respReplayedField   = 10 // CheckResponse.replayed
-	respSettleIDField   = 11 // CheckResponse.settle_id
+	respDecisionField   = checkwire.RespDecisionField
+	respDegradedField   = checkwire.RespDegradedField
+	respRetryAfterField = checkwire.RespRetryAfterField
+	respRemainingField  = checkwire.RespRemainingField
+	respLimitField      = checkwire.RespLimitField
+	respWindowField     = checkwire.RespWindowField
+	respResetField      = checkwire.RespResetField
+	respRuleField       = checkwire.RespRuleField
+	respShadowDenyField = checkwire.RespShadowDenyField
+	respReplayedField   = checkwire.RespReplayedField
+	respSettleIDField   = checkwire.RespSettleIDField
 )
 
 // maxInterned bounds the route and operation strings a stream keeps to share between its checks.
@@ -90,7 +92,7 @@ type streamMessage struct {
 // decodeCheckStream decodes the CheckStreamRequest b: its id, partial flag, number of checks and,
 // unless there are more than MaxBatchChecks, one slot per check.
 func (d *streamDecoder) decodeCheckStream(b []byte) (m streamMessage, err error) {
-	err = forFields(b, func(num protowire.Number, typ protowire.Type, _ []byte, x uint64) error {
+	err = checkwire.ForFields(b, func(num protowire.Number, typ protowire.Type, _ []byte, x uint64) error {
 		switch {
 		case num == streamIDField && typ == protowire.VarintType:
 			m.id = x
@@ -106,7 +108,7 @@ func (d *streamDecoder) decodeCheckStream(b []byte) (m streamMessage, err error)
 	}
 	m.slots = make([]slot, m.n)
 	i := 0
-	err = forFields(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
+	err = checkwire.ForFields(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
 		if num != streamChecksField || typ != protowire.BytesType {
 			return nil
 		}
@@ -122,7 +124,7 @@ func (d *streamDecoder) decodeCheckStream(b []byte) (m streamMessage, err error)
 // decodeCheck decodes one CheckRequest into sl.
 func (d *streamDecoder) decodeCheck(b []byte, sl *slot) error {
 	var tenant, route, op, key []byte
-	err := forFields(b, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
+	err := checkwire.ForFields(b, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
 		if typ == protowire.VarintType {
 			switch num {
 			case checkCostField:
