@@ -35,6 +35,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -44,6 +45,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/leasebucket/leasebucket/internal/checkwire"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
 
@@ -401,31 +403,48 @@ func (c *Client) observe(err error) {
 
 // check sends one check, on the stream or unary.
 func (c *Client) check(ctx context.Context, req Request) (Result, error) {
-	pb := &agentv1.CheckRequest{Tenant: req.Tenant, Route: req.Route, Operation: req.Operation,
-		Cost: req.Cost, IdempotencyKey: req.IdempotencyKey, Settle: req.Settle}
+	if err := validUTF8(req); err != nil {
+		return Result{}, err
+	}
 	if c.st != nil {
-		resp, errMsg, err := c.st.check(ctx, pb)
+		a, err := c.st.check(ctx, checkwire.Check(req))
 		switch {
 		case err == nil:
-			return c.result(resp, errMsg)
+			return c.result(a.res, a.errMsg)
 		case !errors.Is(err, errNoStream):
 			return Result{}, c.callError(ctx, err)
 		}
 		// No usable stream, or the stream broke before answering: ask once more, unary.
 	}
 	c.unary.Add(1)
-	resp, err := c.api.Check(ctx, pb)
+	resp, err := c.api.Check(ctx, &agentv1.CheckRequest{Tenant: req.Tenant, Route: req.Route, Operation: req.Operation,
+		Cost: req.Cost, IdempotencyKey: req.IdempotencyKey, Settle: req.Settle})
 	if err != nil {
 		return Result{}, c.callError(ctx, err)
 	}
-	return c.result(resp, "")
+	return c.result(checkwire.Result{Decision: int32(resp.Decision), Degraded: resp.Degraded, RetryAfterMs: resp.RetryAfterMs,
+		Remaining: resp.Remaining, Limit: resp.Limit, WindowMs: resp.WindowMs, ResetMs: resp.ResetMs, Rule: resp.Rule,
+		ShadowDeny: resp.ShadowDeny, Replayed: resp.Replayed, SettleID: resp.SettleId}, "")
+}
+
+// validUTF8 refuses a check with a string that is not UTF-8, which protobuf cannot carry: an
+// *InvalidError, as for any check the agent would refuse, without asking it.
+func validUTF8(req Request) error {
+	for _, f := range []struct{ name, s string }{
+		{"tenant", req.Tenant}, {"route", req.Route}, {"operation", req.Operation}, {"idempotency key", req.IdempotencyKey},
+	} {
+		if !utf8.ValidString(f.s) {
+			return &InvalidError{Msg: fmt.Sprintf("the %s %q is not valid UTF-8", f.name, f.s)}
+		}
+	}
+	return nil
 }
 
 // errBadAnswer: the agent answered without a decision.
 var errBadAnswer = errors.New("answer without a decision")
 
 // result converts the agent's answer; errMsg is a stream batch's per-check error.
-func (c *Client) result(resp *agentv1.CheckResponse, errMsg string) (Result, error) {
+func (c *Client) result(resp checkwire.Result, errMsg string) (Result, error) {
 	if errMsg != "" {
 		if strings.Contains(errMsg, pendingText) {
 			return Result{}, ErrIdempotencyPending
@@ -442,9 +461,9 @@ func (c *Client) result(resp *agentv1.CheckResponse, errMsg string) (Result, err
 		Rule:       resp.Rule,
 		ShadowDeny: resp.ShadowDeny,
 		Replayed:   resp.Replayed,
-		SettleID:   resp.SettleId,
+		SettleID:   resp.SettleID,
 	}
-	switch resp.Decision {
+	switch agentv1.Decision(resp.Decision) {
 	case agentv1.Decision_DECISION_ALLOW:
 		r.Decision = Allow
 	case agentv1.Decision_DECISION_DENY:

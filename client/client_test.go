@@ -105,6 +105,33 @@ func TestInvalidCheck(t *testing.T) {
 	}
 }
 
+// TestInvalidUTF8: a check with a string that is not UTF-8, which protobuf cannot carry, is an
+// *InvalidError naming the field on both paths, and the agent is not asked.
+func TestInvalidUTF8(t *testing.T) {
+	srv := startFake(t, streamServe)
+	for _, unary := range []bool{true, false} {
+		c := newClient(t, srv.socket, client.Options{Unary: unary})
+		for _, req := range []client.Request{
+			{Tenant: "a\xff", Route: "/", Operation: "GET"},
+			{Tenant: "a", Route: "/\xc0", Operation: "GET"},
+			{Tenant: "a", Route: "/", Operation: "G\xffT"},
+			{Tenant: "a", Route: "/", Operation: "GET", IdempotencyKey: "k\xfe"},
+		} {
+			_, err := c.Check(ctxTimeout(t, 5*time.Second), req)
+			var inv *client.InvalidError
+			if !errors.As(err, &inv) || !strings.Contains(inv.Msg, "not valid UTF-8") {
+				t.Errorf("unary=%v: Check(%+v) error = %v, want an *InvalidError about UTF-8", unary, req, err)
+			}
+		}
+		if st := c.Stats(); st.UnaryChecks != 0 || st.StreamChecks != 0 {
+			t.Errorf("unary=%v: stats %+v, want no check sent", unary, st)
+		}
+	}
+	if n, b := srv.unary.Load(), srv.batchSizes(); n != 0 || len(b) != 0 {
+		t.Errorf("the agent was asked: %d unary checks, stream batches %v", n, b)
+	}
+}
+
 // TestIdempotencyPending: a repeat of an idempotency key still being decided is
 // ErrIdempotencyPending on both paths, neither malformed nor unreachable.
 func TestIdempotencyPending(t *testing.T) {
@@ -347,6 +374,28 @@ func TestBrokenStreamRetriesUnary(t *testing.T) {
 	if srv.unary.Load() != int64(checks) || st.UnaryChecks != uint64(checks) || st.StreamChecks != 0 || st.StreamErrors < 1 {
 		t.Errorf("%d checks: %d unary calls, stats %+v; want one unary call per check, a stream error per broken stream",
 			checks, srv.unary.Load(), st)
+	}
+}
+
+// TestMalformedStreamAnswerRetriesUnary: an answer on the stream that does not decode fails the
+// stream (a stream error); its checks are asked again unary and each caller gets its own answer.
+func TestMalformedStreamAnswerRetriesUnary(t *testing.T) {
+	srv := startFake(t, streamMalformed)
+	c := newClient(t, srv.socket, client.Options{})
+	checks := 0
+	deadline := time.Now().Add(5 * time.Second)
+	for c.Stats().StreamErrors == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no stream error in 5 s: %+v", c.Stats())
+		}
+		res, err := c.Check(ctxTimeout(t, 5*time.Second), client.Request{Tenant: tenantN(checks), Route: "/", Operation: "GET"})
+		if err != nil || res.Decision != client.Allow || res.Rule != "r-"+tenantN(checks) {
+			t.Fatalf("check %d = %+v, %v; want its allow from a unary retry", checks, res, err)
+		}
+		checks++
+	}
+	if st := c.Stats(); st.StreamChecks != 0 || st.UnaryChecks != uint64(checks) || srv.unary.Load() != int64(checks) {
+		t.Errorf("%d checks: stats %+v, %d unary calls; want every check answered unary", checks, st, srv.unary.Load())
 	}
 }
 

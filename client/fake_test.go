@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/leasebucket/leasebucket/agent"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
@@ -31,6 +33,7 @@ const (
 	streamBreak                           // read one batch, then fail the stream without answering
 	streamPartial                         // answer a partial batch a check at a time, out of order
 	streamBadIndexes                      // answer a partial batch with an index it does not have
+	streamMalformed                       // answer each batch with a message that does not decode
 )
 
 // fakeAgent is an AgentService whose answers are a function of the check, so each caller can
@@ -96,6 +99,22 @@ func (f *fakeAgent) CheckStream(s agentv1.AgentService_CheckStreamServer) error 
 			return err
 		}
 		return status.Error(codes.Unavailable, "stream reset")
+	case streamMalformed:
+		for {
+			req, err := s.Recv()
+			if err != nil {
+				return nil
+			}
+			// A result whose rule is not UTF-8: no protobuf decoder accepts it.
+			res := protowire.AppendString(protowire.AppendTag(nil, 8, protowire.BytesType), "r-\xff")
+			b := protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), req.Id)
+			b = protowire.AppendBytes(protowire.AppendTag(b, 2, protowire.BytesType), res)
+			m := &emptypb.Empty{}
+			m.ProtoReflect().SetUnknown(b)
+			if err := s.SendMsg(m); err != nil {
+				return err
+			}
+		}
 	}
 	var sendMu sync.Mutex
 	var wg sync.WaitGroup

@@ -14,7 +14,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
 
+	"github.com/leasebucket/leasebucket/internal/checkwire"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
 
@@ -64,12 +66,12 @@ type streamer struct {
 // pending is one check waiting for its answer.
 type pending struct {
 	ctx  context.Context
-	req  *agentv1.CheckRequest
+	req  checkwire.Check
 	done chan answer // buffered: the deliverer never blocks on a caller that gave up
 }
 
 type answer struct {
-	resp   *agentv1.CheckResponse
+	res    checkwire.Result
 	errMsg string
 	err    error
 }
@@ -80,7 +82,10 @@ var errNoStream = errors.New("client: no stream")
 // errClosed: the Client was closed.
 var errClosed = errors.New("client: closed")
 
-// stream is one open CheckStream and the batches sent on it and not yet answered.
+// stream is one open CheckStream and the batches sent on it and not yet answered. Its messages
+// are written and read by checkwire, sent and received as the unknown fields of an empty
+// message: the generated code's message and strings per check were most of what a streamed
+// check cost the caller beyond gRPC.
 type stream struct {
 	s        agentv1.AgentService_CheckStreamClient
 	cancel   context.CancelFunc
@@ -131,28 +136,28 @@ func (st *streamer) usable() bool {
 }
 
 // check queues req for the stream and waits for its answer. errNoStream means: send it unary.
-func (st *streamer) check(ctx context.Context, req *agentv1.CheckRequest) (*agentv1.CheckResponse, string, error) {
+func (st *streamer) check(ctx context.Context, req checkwire.Check) (answer, error) {
 	if !st.usable() {
-		return nil, "", errNoStream
+		return answer{}, errNoStream
 	}
 	p := &pending{ctx: ctx, req: req, done: make(chan answer, 1)}
 	select {
 	case st.queue <- p:
 	case <-ctx.Done():
-		return nil, "", ctx.Err()
+		return answer{}, ctx.Err()
 	case <-st.ctx.Done():
-		return nil, "", errClosed
+		return answer{}, errClosed
 	}
 	select {
 	case a := <-p.done:
 		if a.err == nil {
 			st.checks.Add(1)
 		}
-		return a.resp, a.errMsg, a.err
+		return a, a.err
 	case <-ctx.Done():
-		return nil, "", ctx.Err()
+		return answer{}, ctx.Err()
 	case <-st.ctx.Done():
-		return nil, "", errClosed
+		return answer{}, errClosed
 	}
 }
 
@@ -161,6 +166,7 @@ func (st *streamer) send() {
 	defer st.wg.Done()
 	defer st.shutdown()
 	batch := make([]*pending, 0, st.maxBatch)
+	var enc encoder // the sender's buffers, reused message to message
 	for {
 		select {
 		case p := <-st.queue:
@@ -196,7 +202,7 @@ func (st *streamer) send() {
 			}
 			continue
 		}
-		st.sendBatch(s, live)
+		st.sendBatch(s, live, &enc)
 		batch = make([]*pending, 0, st.maxBatch) // the stream owns the sent slice now
 	}
 }
@@ -281,14 +287,20 @@ func (st *streamer) failedOpen(unimplemented bool) {
 	st.backoff = min(2*st.backoff, reopenMax)
 }
 
+// encoder is the sender's buffers: the checks of a message and its bytes. SendMsg marshals the
+// message (a copy of its bytes) before it returns, so both serve the next message.
+type encoder struct {
+	checks []checkwire.Check
+	buf    []byte
+	msg    emptypb.Empty
+}
+
 // sendBatch registers batch on s and sends it. A failed send leaves the batch to the receiver,
 // which fails every batch of the stream when its Recv fails (as it then must).
-func (st *streamer) sendBatch(s *stream, batch []*pending) {
-	// Partial: a check decided at once does not wait for another check's refill. An agent that
-	// predates it answers every message whole, which is read alike.
-	msg := &agentv1.CheckStreamRequest{Checks: make([]*agentv1.CheckRequest, len(batch)), Partial: true}
-	for i, p := range batch {
-		msg.Checks[i] = p.req
+func (st *streamer) sendBatch(s *stream, batch []*pending, enc *encoder) {
+	enc.checks = enc.checks[:0]
+	for _, p := range batch {
+		enc.checks = append(enc.checks, p.req)
 	}
 	st.mu.Lock()
 	if s.dead {
@@ -300,11 +312,16 @@ func (st *streamer) sendBatch(s *stream, batch []*pending) {
 		return
 	}
 	s.nextID++
-	msg.Id = s.nextID
-	s.inflight[msg.Id] = &sentBatch{checks: batch, left: len(batch)}
+	id := s.nextID
+	s.inflight[id] = &sentBatch{checks: batch, left: len(batch)}
 	st.mu.Unlock()
 	st.batches.Add(1)
-	if err := s.s.Send(msg); err != nil {
+	// Partial: a check decided at once does not wait for another check's refill. An agent that
+	// predates it answers every message whole, which is read alike.
+	enc.buf = checkwire.AppendRequest(enc.buf[:0], id, enc.checks, true)
+	enc.msg.ProtoReflect().SetUnknown(enc.buf)
+	clear(enc.checks) // keep no caller's strings alive
+	if err := s.s.SendMsg(&enc.msg); err != nil {
 		// The stream is broken; its Recv reports why and fails the batches in flight. Stop
 		// using it now.
 		st.mu.Lock()
@@ -318,32 +335,42 @@ func (st *streamer) sendBatch(s *stream, batch []*pending) {
 // receive is the receiver goroutine of s: it delivers answers until the stream ends.
 func (st *streamer) receive(s *stream) {
 	defer st.wg.Done()
+	var (
+		dec  checkwire.Decoder
+		resp checkwire.Answer // reused: deliver copies each result out
+	)
 	for {
-		resp, err := s.s.Recv()
+		m := new(emptypb.Empty) // the answer, all of it as unknown fields
+		err := s.s.RecvMsg(m)
+		if err == nil {
+			if err = dec.Decode(m.ProtoReflect().GetUnknown(), &resp); err != nil {
+				err = status.Errorf(codes.Internal, "agent stream: malformed answer: %v", err)
+			}
+		}
 		if err != nil {
 			st.streamFailed(s, err)
 			return
 		}
 		st.mu.Lock()
-		sb, ok := s.inflight[resp.Id]
+		sb, ok := s.inflight[resp.ID]
 		var answered []*pending
 		lined, complete := false, false
 		if ok {
-			answered, lined = sb.take(resp)
+			answered, lined = sb.take(&resp)
 			if complete = sb.left == 0; complete {
-				delete(s.inflight, resp.Id)
+				delete(s.inflight, resp.ID)
 			}
 		}
 		st.backoff = reopenMin // the stream works
 		st.mu.Unlock()
 		if !ok {
-			st.log.Warn("agent stream: answer to an unknown batch", zap.Uint64("id", resp.Id))
+			st.log.Warn("agent stream: answer to an unknown batch", zap.Uint64("id", resp.ID))
 			continue
 		}
 		if complete {
 			<-st.slots // the batch's slot is free once every check of it is answered
 		}
-		deliver(answered, resp, lined, st.c.target)
+		deliver(answered, &resp, lined, st.c.target)
 	}
 }
 
@@ -351,7 +378,7 @@ func (st *streamer) receive(s *stream) {
 // every check left when resp lists no indexes, else the checks it lists. ok is false when resp
 // names a check that is not waiting or does not list one index per result: then every check left
 // is taken, to be failed.
-func (sb *sentBatch) take(resp *agentv1.CheckStreamResponse) (checks []*pending, ok bool) {
+func (sb *sentBatch) take(resp *checkwire.Answer) (checks []*pending, ok bool) {
 	if n := len(resp.Indexes); n != 0 {
 		ok = n == len(resp.Results)
 		for _, i := range resp.Indexes {
@@ -383,7 +410,7 @@ func (sb *sentBatch) take(resp *agentv1.CheckStreamResponse) (checks []*pending,
 
 // deliver hands each check of batch its answer, resp's results in order; if the answer does not
 // line up with its checks (!ok, or the counts differ), every check fails.
-func deliver(batch []*pending, resp *agentv1.CheckStreamResponse, ok bool, target string) {
+func deliver(batch []*pending, resp *checkwire.Answer, ok bool, target string) {
 	if !ok || len(resp.Results) != len(batch) || (len(resp.Errors) != 0 && len(resp.Errors) != len(batch)) {
 		err := &UnreachableError{Target: target, Err: fmt.Errorf("stream answered %d results, %d errors and indexes %v for %d checks",
 			len(resp.Results), len(resp.Errors), resp.Indexes, len(batch))}
@@ -393,7 +420,7 @@ func deliver(batch []*pending, resp *agentv1.CheckStreamResponse, ok bool, targe
 		return
 	}
 	for i, p := range batch {
-		a := answer{resp: resp.Results[i]}
+		a := answer{res: resp.Results[i]}
 		if len(resp.Errors) != 0 {
 			a.errMsg = resp.Errors[i]
 		}
