@@ -54,31 +54,37 @@ const (
 	respSettleIDField   = checkwire.RespSettleIDField
 )
 
-// maxInterned bounds the route and operation strings a stream keeps to share between its checks.
+// maxInterned bounds the strings a stream keeps of each kind to share between its checks.
 const maxInterned = 256
 
-// streamDecoder decodes one stream's messages. Routes and operations repeat from check to check:
-// the first 256 distinct ones are kept and shared, the others (and tenants, idempotency keys)
-// are allocated per check.
+// streamDecoder decodes one stream's messages. Routes, operations and the busiest tenants repeat
+// from check to check: the first 256 distinct ones of each kind are kept and shared (a string
+// found there is valid UTF-8 already), the others (and idempotency keys) are allocated per check.
 type streamDecoder struct {
-	interned map[string]string
+	interned map[string]string // routes and operations
+	tenants  map[string]string
 }
 
-func (d *streamDecoder) intern(b []byte) string {
+// intern returns b as a string from m, adding it while m has room; ok is false when b is not
+// valid UTF-8.
+func intern(m *map[string]string, b []byte) (s string, ok bool) {
 	if len(b) == 0 {
-		return ""
+		return "", true
 	}
-	if s, ok := d.interned[string(b)]; ok { // no allocation for the lookup
-		return s
+	if s, ok := (*m)[string(b)]; ok { // no allocation for the lookup
+		return s, true
 	}
-	s := string(b)
-	if d.interned == nil {
-		d.interned = make(map[string]string)
+	if !utf8.Valid(b) {
+		return "", false
 	}
-	if len(d.interned) < maxInterned {
-		d.interned[s] = s
+	s = string(b)
+	if *m == nil {
+		*m = make(map[string]string)
 	}
-	return s
+	if len(*m) < maxInterned {
+		(*m)[s] = s
+	}
+	return s, true
 }
 
 // streamMessage is a decoded CheckStreamRequest.
@@ -123,8 +129,7 @@ func (d *streamDecoder) decodeCheckStream(b []byte) (m streamMessage, err error)
 
 // decodeCheck decodes one CheckRequest into sl.
 func (d *streamDecoder) decodeCheck(b []byte, sl *slot) error {
-	var tenant, route, op, key []byte
-	err := checkwire.ForFields(b, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
+	return checkwire.ForFields(b, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
 		if typ == protowire.VarintType {
 			switch num {
 			case checkCostField:
@@ -134,36 +139,24 @@ func (d *streamDecoder) decodeCheck(b []byte, sl *slot) error {
 			}
 			return nil
 		}
-		var field *[]byte
+		ok := true
 		switch num {
 		case checkTenantField:
-			field = &tenant
+			sl.q.Tenant, ok = intern(&d.tenants, v)
 		case checkRouteField:
-			field = &route
+			sl.q.Path, ok = intern(&d.interned, v)
 		case checkOperationField:
-			field = &op
+			sl.q.Operation, ok = intern(&d.interned, v)
 		case checkIdemKeyField:
-			field = &key
-		default:
-			return nil
+			if ok = utf8.Valid(v); ok {
+				sl.key = string(v)
+			}
 		}
-		if !utf8.Valid(v) {
+		if !ok {
 			return errors.New("a string field is not valid UTF-8")
 		}
-		*field = v
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	if len(tenant) > 0 {
-		sl.q.Tenant = string(tenant)
-	}
-	sl.q.Path, sl.q.Operation = d.intern(route), d.intern(op)
-	if len(key) > 0 {
-		sl.key = string(key)
-	}
-	return nil
 }
 
 // appendStreamAnswer appends the CheckStreamResponse of message id to b. With idx nil it answers

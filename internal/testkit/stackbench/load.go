@@ -16,7 +16,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
 
+	"github.com/leasebucket/leasebucket/internal/checkwire"
 	"github.com/leasebucket/leasebucket/internal/testkit/envoyquota"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
@@ -286,6 +288,7 @@ func envoyOutcome(resp *ratelimitv3.RateLimitResponse, err error) (Outcome, erro
 }
 
 // checkStream is one CheckStream with its sender's queue and the messages awaiting answers.
+// Its messages are written and read by checkwire, as the client package's are.
 type checkStream struct {
 	st       agentv1.AgentService_CheckStreamClient
 	queue    chan *pending
@@ -308,7 +311,7 @@ type message struct {
 // pending is a caller's check on a stream; the caller reuses it for its next check once
 // answered.
 type pending struct {
-	req  *agentv1.CheckRequest
+	req  checkwire.Check
 	done chan answer // capacity 1: the receiver never blocks on a caller
 }
 
@@ -332,7 +335,7 @@ func (s *checkStream) fail(err error) {
 }
 
 func (r *Runner) stream(c *caller, s *checkStream, next func() int) {
-	p := &pending{req: &agentv1.CheckRequest{Route: Path, Operation: Operation}, done: make(chan answer, 1)}
+	p := &pending{req: checkwire.Check{Route: Path, Operation: Operation}, done: make(chan answer, 1)}
 	for r.ctx.Err() == nil {
 		p.req.Tenant = r.keys.Tenant(next())
 		t0 := time.Now()
@@ -366,6 +369,11 @@ func (r *Runner) stream(c *caller, s *checkStream, next func() int) {
 
 // send sends the queued checks as messages of at most MaxBatch checks until the run stops.
 func (r *Runner) send(s *checkStream) {
+	var (
+		checks []checkwire.Check
+		buf    []byte
+		msg    emptypb.Empty
+	)
 	for {
 		var batch []*pending
 		select {
@@ -377,10 +385,12 @@ func (r *Runner) send(s *checkStream) {
 			return
 		}
 		batch = r.fill(s, batch)
-		msg := &agentv1.CheckStreamRequest{Id: s.nextID, Checks: make([]*agentv1.CheckRequest, len(batch)), Partial: true}
-		for i, p := range batch {
-			msg.Checks[i] = p.req
+		checks = checks[:0]
+		for _, p := range batch {
+			checks = append(checks, p.req)
 		}
+		buf = checkwire.AppendRequest(buf[:0], s.nextID, checks, true)
+		msg.ProtoReflect().SetUnknown(buf)
 		s.mu.Lock()
 		s.inflight[s.nextID] = &message{checks: batch, left: len(batch)}
 		s.mu.Unlock()
@@ -389,8 +399,8 @@ func (r *Runner) send(s *checkStream) {
 			r.msgs.Add(1)
 			r.msgChecks.Add(int64(len(batch)))
 		}
-		// Send marshals msg before it returns; a caller changes its request only after its answer.
-		if err := s.st.Send(msg); err != nil {
+		// SendMsg marshals msg (a copy of buf) before it returns.
+		if err := s.st.SendMsg(&msg); err != nil {
 			s.fail(fmt.Errorf("stackbench: stream send: %w", err))
 			return
 		}
@@ -428,21 +438,29 @@ func (r *Runner) fill(s *checkStream, batch []*pending) []*pending {
 
 // receive hands each answer to its callers until the stream ends.
 func (r *Runner) receive(s *checkStream) {
+	var (
+		dec  checkwire.Decoder
+		resp checkwire.Answer
+	)
 	for {
-		resp, err := s.st.Recv()
-		if err != nil {
+		m := new(emptypb.Empty) // the answer, all of it as unknown fields
+		if err := s.st.RecvMsg(m); err != nil {
 			s.fail(fmt.Errorf("stackbench: stream receive: %w", err))
 			return
 		}
+		if err := dec.Decode(m.ProtoReflect().GetUnknown(), &resp); err != nil {
+			s.fail(fmt.Errorf("stackbench: stream answer: %w", err))
+			return
+		}
 		s.mu.Lock()
-		ps, err := s.take(resp)
+		ps, err := s.take(&resp)
 		s.mu.Unlock()
 		if err != nil {
 			s.fail(err)
 			return
 		}
 		for i, p := range ps {
-			a := answer{decision: resp.Results[i].GetDecision()}
+			a := answer{decision: agentv1.Decision(resp.Results[i].Decision)}
 			if i < len(resp.Errors) && resp.Errors[i] != "" {
 				a.err = errors.New(resp.Errors[i])
 			}
@@ -454,14 +472,14 @@ func (r *Runner) receive(s *checkStream) {
 // take removes from the message resp answers the checks it answers, in the order of its results
 // (all of them when it lists no indexes); an answer that does not line up is an error. The
 // caller holds s.mu.
-func (s *checkStream) take(resp *agentv1.CheckStreamResponse) ([]*pending, error) {
-	m, ok := s.inflight[resp.Id]
+func (s *checkStream) take(resp *checkwire.Answer) ([]*pending, error) {
+	m, ok := s.inflight[resp.ID]
 	if !ok {
-		return nil, fmt.Errorf("stackbench: stream answer to message %d, which is not waiting", resp.Id)
+		return nil, fmt.Errorf("stackbench: stream answer to message %d, which is not waiting", resp.ID)
 	}
 	bad := func() error {
 		return fmt.Errorf("stackbench: stream answer %d: %d results, indexes %v, for %d checks of which %d wait",
-			resp.Id, len(resp.Results), resp.Indexes, len(m.checks), m.left)
+			resp.ID, len(resp.Results), resp.Indexes, len(m.checks), m.left)
 	}
 	var ps []*pending
 	switch {
@@ -483,7 +501,7 @@ func (s *checkStream) take(resp *agentv1.CheckStreamResponse) ([]*pending, error
 		m.left -= len(ps)
 	}
 	if m.left == 0 {
-		delete(s.inflight, resp.Id)
+		delete(s.inflight, resp.ID)
 	}
 	return ps, nil
 }
