@@ -297,12 +297,34 @@ func (c *Client) Stats() Stats {
 // connection and is decided by the agent. An agent that starts after the client, or restarts,
 // is used by the next check, not after gRPC's reconnect backoff.
 func (c *Client) Check(ctx context.Context, req Request) (Result, error) {
-	ctx, cancel := c.bound(ctx)
+	if err := validUTF8(req); err != nil {
+		return Result{}, err
+	}
+	deadline := time.Now().Add(c.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	if c.st != nil && !c.rd.down.Load() {
+		// On the stream, without a context of its own: the deadline is a pooled timer's.
+		a, err := c.st.check(ctx, deadline, checkwire.Check(req))
+		if !errors.Is(err, errNoStream) {
+			res := Result{}
+			if err == nil {
+				res, err = c.result(a.res, a.errMsg)
+			} else {
+				err = c.callError(ctx, err)
+			}
+			c.observe(err)
+			return res, err
+		}
+		// No usable stream, or the stream broke before answering: ask unary, by the same deadline.
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	if c.rd.down.Load() {
 		c.rd.await(ctx)
 	}
-	res, err := c.check(ctx, req)
+	res, err := c.unaryCheck(ctx, req)
 	c.observe(err)
 	return res, err
 }
@@ -401,21 +423,8 @@ func (c *Client) observe(err error) {
 	c.rd.failed(errors.As(err, &ue))
 }
 
-// check sends one check, on the stream or unary.
-func (c *Client) check(ctx context.Context, req Request) (Result, error) {
-	if err := validUTF8(req); err != nil {
-		return Result{}, err
-	}
-	if c.st != nil {
-		a, err := c.st.check(ctx, checkwire.Check(req))
-		switch {
-		case err == nil:
-			return c.result(a.res, a.errMsg)
-		case !errors.Is(err, errNoStream):
-			return Result{}, c.callError(ctx, err)
-		}
-		// No usable stream, or the stream broke before answering: ask once more, unary.
-	}
+// unaryCheck sends one check in a Check call.
+func (c *Client) unaryCheck(ctx context.Context, req Request) (Result, error) {
 	c.unary.Add(1)
 	resp, err := c.api.Check(ctx, &agentv1.CheckRequest{Tenant: req.Tenant, Route: req.Route, Operation: req.Operation,
 		Cost: req.Cost, IdempotencyKey: req.IdempotencyKey, Settle: req.Settle})

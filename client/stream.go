@@ -65,9 +65,31 @@ type streamer struct {
 
 // pending is one check waiting for its answer.
 type pending struct {
-	ctx  context.Context
-	req  checkwire.Check
-	done chan answer // buffered: the deliverer never blocks on a caller that gave up
+	ctx      context.Context
+	deadline time.Time
+	req      checkwire.Check
+	done     chan answer // buffered: the deliverer never blocks on a caller that gave up
+}
+
+// pendings and timers are reused from check to check: a check answered leaves both free (one
+// whose caller gave up does not come back: its answer may still be delivered). A timer stopped
+// before it is reset delivers no stale tick (Go 1.23's timers).
+var (
+	pendings = sync.Pool{New: func() any { return &pending{done: make(chan answer, 1)} }}
+	timers   sync.Pool
+)
+
+func getTimer(d time.Duration) *time.Timer {
+	if t, ok := timers.Get().(*time.Timer); ok {
+		t.Reset(d)
+		return t
+	}
+	return time.NewTimer(d)
+}
+
+func putTimer(t *time.Timer) {
+	t.Stop()
+	timers.Put(t)
 }
 
 type answer struct {
@@ -135,27 +157,37 @@ func (st *streamer) usable() bool {
 	return !st.closed.Load() && time.Now().UnixNano() >= st.retryAt.Load()
 }
 
-// check queues req for the stream and waits for its answer. errNoStream means: send it unary.
-func (st *streamer) check(ctx context.Context, req checkwire.Check) (answer, error) {
+// check queues req for the stream and waits for its answer until ctx ends or the deadline.
+// errNoStream means: send it unary.
+func (st *streamer) check(ctx context.Context, deadline time.Time, req checkwire.Check) (answer, error) {
 	if !st.usable() {
 		return answer{}, errNoStream
 	}
-	p := &pending{ctx: ctx, req: req, done: make(chan answer, 1)}
+	p := pendings.Get().(*pending)
+	p.ctx, p.deadline, p.req = ctx, deadline, req
+	t := getTimer(time.Until(deadline))
+	defer putTimer(t)
 	select {
 	case st.queue <- p:
 	case <-ctx.Done():
 		return answer{}, ctx.Err()
+	case <-t.C:
+		return answer{}, context.DeadlineExceeded
 	case <-st.ctx.Done():
 		return answer{}, errClosed
 	}
 	select {
 	case a := <-p.done:
+		*p = pending{done: p.done}
+		pendings.Put(p)
 		if a.err == nil {
 			st.checks.Add(1)
 		}
 		return a, a.err
 	case <-ctx.Done():
 		return answer{}, ctx.Err()
+	case <-t.C:
+		return answer{}, context.DeadlineExceeded
 	case <-st.ctx.Done():
 		return answer{}, errClosed
 	}
@@ -184,9 +216,9 @@ func (st *streamer) send() {
 			}
 			return
 		}
-		live := batch[:0]
+		live, now := batch[:0], time.Now()
 		for _, p := range batch {
-			if p.ctx.Err() == nil { // its caller gave up: do not charge it
+			if p.ctx.Err() == nil && now.Before(p.deadline) { // else its caller gave up: do not charge it
 				live = append(live, p)
 			}
 		}
