@@ -57,7 +57,7 @@ const (
 // framing: a malformed tag or value, a field number out of range, an unmatched group.
 func ForFields(b []byte, f func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error) error {
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
+		num, typ, n := consumeTag(b)
 		if n < 0 {
 			return protowire.ParseError(n)
 		}
@@ -69,9 +69,13 @@ func ForFields(b []byte, f func(num protowire.Number, typ protowire.Type, v []by
 		var x uint64
 		switch typ {
 		case protowire.BytesType:
-			v, n = protowire.ConsumeBytes(b)
+			if len(b) > 0 && b[0] < 0x80 && int(b[0]) < len(b) { // a length of one byte, all there
+				v, n = b[1:1+b[0]], 1+int(b[0])
+			} else {
+				v, n = protowire.ConsumeBytes(b)
+			}
 		case protowire.VarintType:
-			x, n = protowire.ConsumeVarint(b)
+			x, n = consumeVarint(b)
 		default:
 			n = protowire.ConsumeFieldValue(num, typ, b)
 		}
@@ -86,6 +90,23 @@ func ForFields(b []byte, f func(num protowire.Number, typ protowire.Type, v []by
 		}
 	}
 	return nil
+}
+
+// consumeVarint is protowire.ConsumeVarint with a one-byte varint (most tags, lengths and small
+// values here) read inline.
+func consumeVarint(b []byte) (uint64, int) {
+	if len(b) > 0 && b[0] < 0x80 {
+		return uint64(b[0]), 1
+	}
+	return protowire.ConsumeVarint(b)
+}
+
+// consumeTag is protowire.ConsumeTag with a one-byte tag read inline.
+func consumeTag(b []byte) (protowire.Number, protowire.Type, int) {
+	if len(b) > 0 && b[0] < 0x80 && b[0]>>3 != 0 {
+		return protowire.Number(b[0] >> 3), protowire.Type(b[0] & 7), 1
+	}
+	return protowire.ConsumeTag(b)
 }
 
 // Check is one check of a CheckStreamRequest (a CheckRequest).
@@ -192,27 +213,35 @@ type Answer struct {
 const maxInterned = 256
 
 // Decoder decodes one stream's answers: rule names repeat from answer to answer, so the first
-// 256 distinct ones are kept and shared, the others allocated per result. Not safe for
-// concurrent use (a stream has one receiver).
+// 256 distinct ones are kept and shared (the last one found is looked at first), the others
+// allocated per result. Not safe for concurrent use (a stream has one receiver).
 type Decoder struct {
 	rules map[string]string
+	last  string
 }
 
-func (d *Decoder) intern(b []byte) string {
-	if len(b) == 0 {
-		return ""
+// rule returns b as a string, shared if it is a rule seen before; ok is false when b is not valid
+// UTF-8 (a string kept is valid).
+func (d *Decoder) rule(b []byte) (s string, ok bool) {
+	if string(b) == d.last { // no allocation for the comparison
+		return d.last, true
 	}
-	if s, ok := d.rules[string(b)]; ok { // no allocation for the lookup
-		return s
+	if s, ok := d.rules[string(b)]; ok {
+		d.last = s
+		return s, true
 	}
-	s := string(b)
+	if !utf8.Valid(b) {
+		return "", false
+	}
+	s = string(b)
 	if d.rules == nil {
 		d.rules = make(map[string]string)
 	}
 	if len(d.rules) < maxInterned {
 		d.rules[s] = s
+		d.last = s
 	}
-	return s
+	return s, true
 }
 
 var errUTF8 = errors.New("a string field is not valid UTF-8")
@@ -260,10 +289,10 @@ func (d *Decoder) decodeResult(b []byte, r *Result) error {
 			if num != RespRuleField {
 				return nil
 			}
-			if !utf8.Valid(v) {
+			var ok bool
+			if r.Rule, ok = d.rule(v); !ok {
 				return errUTF8
 			}
-			r.Rule = d.intern(v)
 			return nil
 		}
 		switch num {
