@@ -54,37 +54,12 @@ const (
 	respSettleIDField   = checkwire.RespSettleIDField
 )
 
-// maxInterned bounds the strings a stream keeps of each kind to share between its checks.
-const maxInterned = 256
-
 // streamDecoder decodes one stream's messages. Routes, operations and the busiest tenants repeat
-// from check to check: the first 256 distinct ones of each kind are kept and shared (a string
-// found there is valid UTF-8 already), the others (and idempotency keys) are allocated per check.
+// from check to check: each has a table of the first checkwire.MaxShared distinct ones to share
+// (a string found there is valid UTF-8 already); the others, and idempotency keys, are allocated
+// per check.
 type streamDecoder struct {
-	interned map[string]string // routes and operations
-	tenants  map[string]string
-}
-
-// intern returns b as a string from m, adding it while m has room; ok is false when b is not
-// valid UTF-8.
-func intern(m *map[string]string, b []byte) (s string, ok bool) {
-	if len(b) == 0 {
-		return "", true
-	}
-	if s, ok := (*m)[string(b)]; ok { // no allocation for the lookup
-		return s, true
-	}
-	if !utf8.Valid(b) {
-		return "", false
-	}
-	s = string(b)
-	if *m == nil {
-		*m = make(map[string]string)
-	}
-	if len(*m) < maxInterned {
-		(*m)[s] = s
-	}
-	return s, true
+	routes, operations, tenants checkwire.Strings
 }
 
 // streamMessage is a decoded CheckStreamRequest.
@@ -142,11 +117,11 @@ func (d *streamDecoder) decodeCheck(b []byte, sl *slot) error {
 		ok := true
 		switch num {
 		case checkTenantField:
-			sl.q.Tenant, ok = intern(&d.tenants, v)
+			sl.q.Tenant, ok = d.tenants.Get(v)
 		case checkRouteField:
-			sl.q.Path, ok = intern(&d.interned, v)
+			sl.q.Path, ok = d.routes.Get(v)
 		case checkOperationField:
-			sl.q.Operation, ok = intern(&d.interned, v)
+			sl.q.Operation, ok = d.operations.Get(v)
 		case checkIdemKeyField:
 			if ok = utf8.Valid(v); ok {
 				sl.key = string(v)

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/checkwire"
 	"github.com/leasebucket/leasebucket/policy"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
@@ -116,7 +117,7 @@ func FuzzDecodeCheckStream(f *testing.F) {
 }
 
 // TestDecodeCheckStreamInterns: a stream's tenants, routes and operations are allocated once,
-// up to maxInterned of each, and a string not valid UTF-8 is refused, never interned.
+// up to checkwire.MaxShared of each, and a string not valid UTF-8 is refused, never interned.
 func TestDecodeCheckStreamInterns(t *testing.T) {
 	m := &agentv1.CheckStreamRequest{Id: 1}
 	for range 64 {
@@ -134,16 +135,16 @@ func TestDecodeCheckStreamInterns(t *testing.T) {
 	if n := testing.AllocsPerRun(20, func() { _, _ = d.decodeCheckStream(b) }); n != 1 {
 		t.Errorf("decoding a message of 64 checks of a known tenant and route: %v allocations, want 1 (the slots)", n)
 	}
-	for i := range 2 * maxInterned {
-		if _, ok := intern(&d.tenants, []byte(strings.Repeat("t", i+1))); !ok {
+	for i := range 2 * checkwire.MaxShared {
+		if _, ok := d.tenants.Get([]byte(strings.Repeat("t", i+1))); !ok {
 			t.Fatal("a valid tenant refused")
 		}
 	}
-	if len(d.tenants) != maxInterned {
-		t.Errorf("%d tenants interned, want at most %d", len(d.tenants), maxInterned)
+	if n := d.tenants.Len(); n != checkwire.MaxShared {
+		t.Errorf("%d tenants kept, want at most %d", n, checkwire.MaxShared)
 	}
-	if s, ok := intern(&d.tenants, []byte("t\xff")); ok || s != "" {
-		t.Errorf("intern(invalid UTF-8) = %q, %v; want a refusal", s, ok)
+	if s, ok := d.tenants.Get([]byte("t\xff")); ok || s != "" {
+		t.Errorf("a tenant not UTF-8 = %q, %v; want a refusal", s, ok)
 	}
 }
 

@@ -209,39 +209,50 @@ type Answer struct {
 	Indexes []uint32
 }
 
-// maxInterned bounds the rule names a Decoder keeps to share between answers.
-const maxInterned = 256
+// MaxShared bounds the strings a Strings table keeps.
+const MaxShared = 256
 
-// Decoder decodes one stream's answers: rule names repeat from answer to answer, so the first
-// 256 distinct ones are kept and shared (the last one found is looked at first), the others
-// allocated per result. Not safe for concurrent use (a stream has one receiver).
-type Decoder struct {
-	rules map[string]string
-	last  string
+// Strings is a table of the strings a stream's messages repeat (routes, operations, tenants, rule
+// names), so that each is allocated once: the first MaxShared distinct ones are kept and shared,
+// the others allocated each time, and the last one found is looked at first. A string kept is
+// valid UTF-8, so one found is not checked again. Not safe for concurrent use (one per stream
+// and field).
+type Strings struct {
+	m    map[string]string
+	last string
 }
 
-// rule returns b as a string, shared if it is a rule seen before; ok is false when b is not valid
-// UTF-8 (a string kept is valid).
-func (d *Decoder) rule(b []byte) (s string, ok bool) {
-	if string(b) == d.last { // no allocation for the comparison
-		return d.last, true
+// Get returns b as a string, shared if the table keeps it, adding it while the table has room;
+// ok is false when b is not valid UTF-8.
+func (t *Strings) Get(b []byte) (s string, ok bool) {
+	if string(b) == t.last { // no allocation for the comparisons and the lookup
+		return t.last, true
 	}
-	if s, ok := d.rules[string(b)]; ok {
-		d.last = s
+	if s, ok := t.m[string(b)]; ok {
+		t.last = s
 		return s, true
 	}
 	if !utf8.Valid(b) {
 		return "", false
 	}
 	s = string(b)
-	if d.rules == nil {
-		d.rules = make(map[string]string)
+	if t.m == nil {
+		t.m = make(map[string]string)
 	}
-	if len(d.rules) < maxInterned {
-		d.rules[s] = s
-		d.last = s
+	if len(t.m) < MaxShared {
+		t.m[s] = s
+		t.last = s
 	}
 	return s, true
+}
+
+// Len is the number of strings the table keeps.
+func (t *Strings) Len() int { return len(t.m) }
+
+// Decoder decodes one stream's answers, their rule names shared. Not safe for concurrent use (a
+// stream has one receiver).
+type Decoder struct {
+	rules Strings
 }
 
 var errUTF8 = errors.New("a string field is not valid UTF-8")
@@ -290,7 +301,7 @@ func (d *Decoder) decodeResult(b []byte, r *Result) error {
 				return nil
 			}
 			var ok bool
-			if r.Rule, ok = d.rule(v); !ok {
+			if r.Rule, ok = d.rules.Get(v); !ok {
 				return errUTF8
 			}
 			return nil

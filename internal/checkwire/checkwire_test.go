@@ -3,6 +3,7 @@ package checkwire
 import (
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -293,4 +294,40 @@ func BenchmarkDecode(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(m.Results)), "ns/check")
+}
+
+// TestStrings: a table returns each string as given, shares the ones it keeps (at most
+// MaxShared), and refuses one that is not UTF-8 whether or not a similar one is kept.
+func TestStrings(t *testing.T) {
+	var tab Strings
+	get := func(s string) string {
+		t.Helper()
+		got, ok := tab.Get([]byte(s))
+		if !ok || got != s {
+			t.Fatalf("Get(%q) = %q, %v", s, got, ok)
+		}
+		return got
+	}
+	if get("") != "" || tab.Len() != 0 {
+		t.Fatal("the empty string is kept")
+	}
+	a, _ := get("alpha"), get("beta")
+	if !sameString(get("alpha"), a) || !sameString(get("alpha"), a) {
+		t.Error("a string kept is not shared")
+	}
+	for i := range 2 * MaxShared {
+		get(strconv.Itoa(i))
+	}
+	if tab.Len() != MaxShared {
+		t.Errorf("the table keeps %d strings, want %d", tab.Len(), MaxShared)
+	}
+	x := get("not kept")
+	if y := get("not kept"); sameString(x, y) {
+		t.Error("a string past the bound is shared: the table grew")
+	}
+	for _, bad := range []string{"a\xff", "\xc0", "b\x80"} {
+		if s, ok := tab.Get([]byte(bad)); ok || s != "" {
+			t.Errorf("Get(%q) = %q, %v; want a refusal", bad, s, ok)
+		}
+	}
 }
