@@ -141,8 +141,8 @@ func (d *streamDecoder) decodeCheck(b []byte, sl *slot) error {
 // gone away) fails the whole message.
 func (s *Server) appendStreamAnswer(b []byte, id uint64, slots []slot, idx []uint32) ([]byte, error) {
 	if id != 0 {
-		b = protowire.AppendTag(b, streamIDField, protowire.VarintType)
-		b = protowire.AppendVarint(b, id)
+		b = checkwire.AppendTag(b, streamIDField, protowire.VarintType)
+		b = checkwire.AppendVarint(b, id)
 	}
 	n := len(slots)
 	if idx != nil {
@@ -157,7 +157,7 @@ func (s *Server) appendStreamAnswer(b []byte, id uint64, slots []slot, idx []uin
 	someError := false
 	for k := range n {
 		sl := at(k)
-		b = protowire.AppendTag(b, streamResultsField, protowire.BytesType)
+		b = checkwire.AppendTag(b, streamResultsField, protowire.BytesType)
 		if sl.err != nil {
 			if !invalidCheck(sl.err) && !errors.Is(sl.err, ErrIdempotencyPending) {
 				return nil, s.statusError(sl.err)
@@ -174,7 +174,7 @@ func (s *Server) appendStreamAnswer(b []byte, id uint64, slots []slot, idx []uin
 			if err := at(k).err; err != nil {
 				msg = err.Error()
 			}
-			b = protowire.AppendTag(b, streamErrorsField, protowire.BytesType)
+			b = checkwire.AppendTag(b, streamErrorsField, protowire.BytesType)
 			b = protowire.AppendString(b, msg)
 		}
 	}
@@ -183,10 +183,10 @@ func (s *Server) appendStreamAnswer(b []byte, id uint64, slots []slot, idx []uin
 		for _, i := range idx {
 			size += protowire.SizeVarint(uint64(i))
 		}
-		b = protowire.AppendTag(b, streamIndexesField, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(size))
+		b = checkwire.AppendTag(b, streamIndexesField, protowire.BytesType)
+		b = checkwire.AppendVarint(b, uint64(size))
 		for _, i := range idx {
-			b = protowire.AppendVarint(b, uint64(i))
+			b = checkwire.AppendVarint(b, uint64(i))
 		}
 	}
 	return b, nil
@@ -199,8 +199,8 @@ func appendAnswer(b []byte, a answer, replayed bool) []byte {
 	start := len(b)
 	varint := func(num protowire.Number, x uint64) {
 		if x != 0 {
-			b = protowire.AppendTag(b, num, protowire.VarintType)
-			b = protowire.AppendVarint(b, x)
+			b = checkwire.AppendTag(b, num, protowire.VarintType)
+			b = checkwire.AppendVarint(b, x)
 		}
 	}
 	flag := func(num protowire.Number, set bool) {
@@ -216,8 +216,8 @@ func appendAnswer(b []byte, a answer, replayed bool) []byte {
 	varint(respWindowField, uint64(a.windowMs))
 	varint(respResetField, uint64(a.resetMs))
 	if a.rule != "" {
-		b = protowire.AppendTag(b, respRuleField, protowire.BytesType)
-		b = protowire.AppendString(b, a.rule)
+		b = checkwire.AppendTag(b, respRuleField, protowire.BytesType)
+		b = append(checkwire.AppendVarint(b, uint64(len(a.rule))), a.rule...)
 	}
 	flag(respShadowDenyField, a.shadowDeny)
 	flag(respReplayedField, replayed)
@@ -231,6 +231,6 @@ func appendAnswer(b []byte, a answer, replayed bool) []byte {
 	k := protowire.SizeVarint(uint64(n))
 	b = append(b, make([]byte, k-1)...)
 	copy(b[start+k-1:], b[start:start+n])
-	protowire.AppendVarint(b[start-1:start-1], uint64(n))
+	checkwire.AppendVarint(b[start-1:start-1], uint64(n))
 	return b
 }

@@ -101,6 +101,19 @@ func consumeVarint(b []byte) (uint64, int) {
 	return protowire.ConsumeVarint(b)
 }
 
+// AppendVarint is protowire.AppendVarint with a one-byte varint appended inline.
+func AppendVarint(b []byte, x uint64) []byte {
+	if x < 0x80 {
+		return append(b, byte(x))
+	}
+	return protowire.AppendVarint(b, x)
+}
+
+// AppendTag is protowire.AppendTag with a one-byte tag appended inline.
+func AppendTag(b []byte, num protowire.Number, typ protowire.Type) []byte {
+	return AppendVarint(b, protowire.EncodeTag(num, typ))
+}
+
 // consumeTag is protowire.ConsumeTag with a one-byte tag read inline.
 func consumeTag(b []byte) (protowire.Number, protowire.Type, int) {
 	if len(b) > 0 && b[0] < 0x80 && b[0]>>3 != 0 {
@@ -122,12 +135,12 @@ type Check struct {
 // AppendRequest appends the CheckStreamRequest of message id with checks to b, the bytes
 // proto.Marshal writes for it.
 func AppendRequest(b []byte, id uint64, checks []Check, partial bool) []byte {
-	b = appendVarint(b, StreamIDField, id)
+	b = appendVarintField(b, StreamIDField, id)
 	for i := range checks {
 		b = appendCheck(b, &checks[i])
 	}
 	if partial {
-		b = appendVarint(b, StreamPartialField, 1)
+		b = appendVarintField(b, StreamPartialField, 1)
 	}
 	return b
 }
@@ -141,33 +154,33 @@ func appendCheck(b []byte, c *Check) []byte {
 	if c.Settle {
 		size += varintSize(CheckSettleField, 1)
 	}
-	b = protowire.AppendTag(b, StreamChecksField, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(size))
-	b = appendString(b, CheckTenantField, c.Tenant)
-	b = appendString(b, CheckRouteField, c.Route)
-	b = appendString(b, CheckOperationField, c.Operation)
-	b = appendVarint(b, CheckCostField, uint64(c.Cost))
-	b = appendString(b, CheckIdemKeyField, c.IdempotencyKey)
+	b = AppendTag(b, StreamChecksField, protowire.BytesType)
+	b = AppendVarint(b, uint64(size))
+	b = appendStringField(b, CheckTenantField, c.Tenant)
+	b = appendStringField(b, CheckRouteField, c.Route)
+	b = appendStringField(b, CheckOperationField, c.Operation)
+	b = appendVarintField(b, CheckCostField, uint64(c.Cost))
+	b = appendStringField(b, CheckIdemKeyField, c.IdempotencyKey)
 	if c.Settle {
-		b = appendVarint(b, CheckSettleField, 1)
+		b = appendVarintField(b, CheckSettleField, 1)
 	}
 	return b
 }
 
-func appendVarint(b []byte, num protowire.Number, x uint64) []byte {
+func appendVarintField(b []byte, num protowire.Number, x uint64) []byte {
 	if x == 0 {
 		return b
 	}
-	b = protowire.AppendTag(b, num, protowire.VarintType)
-	return protowire.AppendVarint(b, x)
+	b = AppendTag(b, num, protowire.VarintType)
+	return AppendVarint(b, x)
 }
 
-func appendString(b []byte, num protowire.Number, s string) []byte {
+func appendStringField(b []byte, num protowire.Number, s string) []byte {
 	if s == "" {
 		return b
 	}
-	b = protowire.AppendTag(b, num, protowire.BytesType)
-	return protowire.AppendString(b, s)
+	b = AppendTag(b, num, protowire.BytesType)
+	return append(AppendVarint(b, uint64(len(s))), s...)
 }
 
 func varintSize(num protowire.Number, x uint64) int {
