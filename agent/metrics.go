@@ -3,7 +3,6 @@ package agent
 import (
 	"errors"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/policy"
 )
 
 // Metrics are the agent's Prometheus metrics. Labels are bounded: rule names come from the policy,
@@ -20,15 +20,16 @@ import (
 // time, so nothing is counted twice and the check path adds no metric work of its own. A nil
 // *Metrics counts nothing.
 type Metrics struct {
-	decisions   *prometheus.CounterVec
-	invalids    prometheus.Counter
-	fallbacks   prometheus.Counter
-	refill      prometheus.Histogram
-	callErrors  *prometheus.CounterVec
-	decisionMap sync.Map // decisionKey → prometheus.Counter: skips the label hashing per check
+	decisions  *prometheus.CounterVec
+	invalids   prometheus.Counter
+	fallbacks  prometheus.Counter
+	refill     prometheus.Histogram
+	callErrors *prometheus.CounterVec
+	// counters finds the decision and near-limit counters of a rule by its pointer, without
+	// hashing labels per check (counters.go).
+	counters ruleCounters
 
 	nearLimit      *prometheus.CounterVec
-	nearLimitMap   sync.Map // rule name → prometheus.Counter
 	failureAnswers *prometheus.CounterVec
 	replays        prometheus.Counter
 	pending        prometheus.Counter
@@ -42,11 +43,6 @@ type Metrics struct {
 // nearLimitFraction: an allow that leaves less than this fraction of the rule's burst (as this
 // agent sees it) is counted as near the limit: the tenant is about to be denied.
 const nearLimitFraction = 10 // 1/10
-
-type decisionKey struct {
-	rule    string
-	outcome Outcome
-}
 
 // NewMetrics returns the agent's metrics, not registered yet (see Register).
 func NewMetrics() *Metrics {
@@ -125,25 +121,23 @@ func (m *Metrics) decision(v Verdict) {
 	if m == nil {
 		return
 	}
-	k := decisionKey{outcome: v.Outcome}
-	if v.Rule != nil {
-		k.rule = v.Rule.Name
-	}
-	c, ok := m.decisionMap.Load(k)
-	if !ok {
-		c, _ = m.decisionMap.LoadOrStore(k, m.decisions.WithLabelValues(k.rule, k.outcome.String()))
-	}
-	c.(prometheus.Counter).Inc()
+	m.counters.of(v.Rule, int(v.Outcome), func() prometheus.Counter {
+		return m.decisions.WithLabelValues(ruleName(v.Rule), v.Outcome.String())
+	}).Inc()
 	switch {
 	case v.Degraded || v.Outcome == Unavailable:
-		m.failureAnswers.WithLabelValues(k.rule, k.outcome.String()).Inc()
+		m.failureAnswers.WithLabelValues(ruleName(v.Rule), v.Outcome.String()).Inc()
 	case v.Outcome == Allow && !v.ShadowDeny && v.Limits != nil && v.Remaining*nearLimitFraction < v.Limits.Bucket.Capacity():
-		c, ok := m.nearLimitMap.Load(k.rule)
-		if !ok {
-			c, _ = m.nearLimitMap.LoadOrStore(k.rule, m.nearLimit.WithLabelValues(k.rule))
-		}
-		c.(prometheus.Counter).Inc()
+		m.counters.of(v.Rule, nearLimitSlot, func() prometheus.Counter { return m.nearLimit.WithLabelValues(ruleName(v.Rule)) }).Inc()
 	}
+}
+
+// ruleName is r's name, "" for none.
+func ruleName(r *policy.Rule) string {
+	if r == nil {
+		return ""
+	}
+	return r.Name
 }
 
 func (m *Metrics) invalid(err error) {
