@@ -244,8 +244,7 @@ func checkRun(t *testing.T, name string, res sb.Result, measure time.Duration) {
 
 // TestQuotaHarness runs BenchmarkQuota's RLQS load for a moment against a real stack and checks
 // what it measures: requests decided, none failed, assignments admitting (the filters' reports
-// reach the agent, which counts the requests they allowed), the agent's CPU time growing. No
-// speed is asserted.
+// reach the agent, which counts the requests they allowed). No speed is asserted.
 func TestQuotaHarness(t *testing.T) {
 	redistest.Require(t)
 	bin := binaries(t)
@@ -253,17 +252,18 @@ func TestQuotaHarness(t *testing.T) {
 	stack := sb.StartStack(t, bin, sb.QuotaPolicyYAML())
 	keys := sb.Dist{Kind: sb.Uniform, N: 10}.New(1)
 	// Two reports: the first assignments come after each bucket's first request. The measured
-	// window holds at least three reports, when the agent works: between reports it does nothing
-	// its 10 ms CPU ticks would count, and one report of ten buckets can take less than a tick
-	// (a loaded machine measured 0 s over a window of one).
+	// window holds at least three reports. The agent's CPU time is not asserted here: its work
+	// is a few reports of ten buckets, and all of it can fit below one 10 ms tick of
+	// /proc/<pid>/stat (CI measured 0 s over this window). The reported requests it counts show
+	// it at work; TestHarness shows its CPU time read.
 	tm := sb.Timing{Warmup: 2 * sb.QuotaReporting, Measure: 3*sb.QuotaReporting + 500*time.Millisecond}
 	res, err := sb.Measure(ctx, stack, keys, sb.Load{API: sb.Quota, Callers: 4, Envoys: 2, Pause: time.Millisecond}, tm)
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkRun(t, "rlqs", res, tm.Measure)
-	if res.Outcomes[sb.Allowed] == 0 || res.CPU[sb.ProcAgent] <= 0 {
-		t.Errorf("rlqs: %v, agent CPU %v: want requests admitted by assignments, and the agent at work", res.Outcomes, res.CPU[sb.ProcAgent])
+	if res.Outcomes[sb.Allowed] == 0 || res.CPU[sb.ProcAgent] < 0 {
+		t.Errorf("rlqs: %v, agent CPU %v: want requests admitted by assignments", res.Outcomes, res.CPU[sb.ProcAgent])
 	}
 	proctest.WaitFor(t, 10*time.Second, "the filters' reports to reach the agent", func() bool {
 		n, err := stack.AgentMetric(ctx, "leasebucket_agent_quota_reported_requests_total", `outcome="allowed"`)
