@@ -82,6 +82,13 @@ func (e envoyServer) ShouldRateLimit(ctx context.Context, req *ratelimitv3.RateL
 	if len(slots) == 1 || s.lim.view.Load().set.Envoy().PerDescriptor || !s.decideTogether(ctx, slots) {
 		s.decide(ctx, apiEnvoy, slots)
 	}
+	return s.envoyResponse(slots)
+}
+
+// envoyResponse is the answer to an Envoy request whose descriptors were decided (ShouldRateLimit):
+// OVER_LIMIT where any descriptor refuses or has no decision, else UNAVAILABLE where one fails
+// closed, else OK; the error of a descriptor that failed.
+func (s *Server) envoyResponse(slots []slot) (*ratelimitv3.RateLimitResponse, error) {
 	resp := &ratelimitv3.RateLimitResponse{
 		OverallCode: ratelimitv3.RateLimitResponse_OK,
 		Statuses:    make([]*ratelimitv3.RateLimitResponse_DescriptorStatus, len(slots)),

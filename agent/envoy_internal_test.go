@@ -73,3 +73,55 @@ func TestRateLimitFieldHelpers(t *testing.T) {
 		t.Errorf("sfString = %s", got)
 	}
 }
+
+// TestEnvoyResponseUndecided: a descriptor left without a decision (a wait that leaked out, or no
+// outcome at all) is never answered OK, which Envoy would let through: alone or beside allowed
+// descriptors it makes the answer OVER_LIMIT, with a Retry-After, and it wins over a descriptor
+// that fails closed, as a refusal does.
+func TestEnvoyResponseUndecided(t *testing.T) {
+	s := &Server{}
+	for _, tc := range []struct {
+		name     string
+		outcomes []Outcome
+	}{
+		{"wait alone", []Outcome{Wait}},
+		{"no outcome", []Outcome{0}},
+		{"beside allowed", []Outcome{Allow, Wait, Allow}},
+		{"beside fail-closed", []Outcome{Unavailable, 0}},
+	} {
+		slots := make([]slot, len(tc.outcomes))
+		for i, o := range tc.outcomes {
+			slots[i].v = Verdict{Outcome: o, RetryAfter: time.Second}
+		}
+		resp, err := s.envoyResponse(slots)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if resp.OverallCode != ratelimitv3.RateLimitResponse_OVER_LIMIT {
+			t.Errorf("%s: overall %v, want OVER_LIMIT", tc.name, resp.OverallCode)
+		}
+		for i, o := range tc.outcomes {
+			want := ratelimitv3.RateLimitResponse_OVER_LIMIT
+			if o == Allow {
+				want = ratelimitv3.RateLimitResponse_OK
+			}
+			if got := resp.Statuses[i].Code; got != want {
+				t.Errorf("%s: descriptor %d (outcome %d) answered %v, want %v", tc.name, i, o, got, want)
+			}
+		}
+		retry := ""
+		for _, h := range resp.ResponseHeadersToAdd {
+			if h.Key == RetryAfterHeader {
+				retry = h.Value
+			}
+		}
+		if retry == "" {
+			t.Errorf("%s: no %s header", tc.name, RetryAfterHeader)
+		}
+	}
+	// And the allowed answer the same code gives: every descriptor allowed is OK.
+	resp, err := s.envoyResponse([]slot{{v: Verdict{Outcome: Allow}}, {v: Verdict{Outcome: Allow}}})
+	if err != nil || resp.OverallCode != ratelimitv3.RateLimitResponse_OK {
+		t.Errorf("all allowed: %v, %v; want OK", resp.GetOverallCode(), err)
+	}
+}
