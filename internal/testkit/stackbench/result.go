@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,15 @@ type Result struct {
 	Mallocs   uint64  // heap allocations of this process (the load generator)
 	Bytes     uint64
 	Host      HostCPU // the machine's CPUs, steal included
+	// Slices are the figures of each measured window, in the order measured (Merge appends):
+	// how far they spread is what the machine did to the run.
+	Slices []Slice
+}
+
+// Slice is the figures of one measured window.
+type Slice struct {
+	Rate     float64 // checks/s
+	TotalCPU float64 // total-cpu-µs/check
 }
 
 // Measure runs load against target: the callers start, run for tm.Warmup uncounted, then for
@@ -88,6 +98,7 @@ func Measure(ctx context.Context, target Target, keys *Keys, load Load, tm Timin
 	if res.Checks() == 0 {
 		return res, fmt.Errorf("stackbench: no check answered in %v", tm.Measure)
 	}
+	res.Slices = []Slice{{Rate: res.Rate(), TotalCPU: res.TotalCPUPerCheck()}}
 	return res, nil
 }
 
@@ -127,6 +138,7 @@ func (r *Result) Merge(o Result) {
 	r.Bytes += o.Bytes
 	r.Host.Total += o.Host.Total
 	r.Host.Steal += o.Host.Steal
+	r.Slices = append(r.Slices, o.Slices...)
 }
 
 // Rate is checks answered per second of the measured window.
@@ -194,33 +206,66 @@ func (r *Result) Report(b *testing.B) {
 func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
 // Ratios of a lease run to the direct run and to the empty handler of the same case and API
-// (0 when that run is missing).
+// (0 when that run is missing), and the spread of each over the slices both runs measured in the
+// same rounds (zero with fewer than two).
 type Ratios struct {
-	DirectRate, DirectCPU, EmptyRate float64
+	DirectRate, DirectCPU, EmptyRate                   float64
+	DirectRateSpread, DirectCPUSpread, EmptyRateSpread Spread
+}
+
+// Spread is the least and the most of a ratio taken slice by slice.
+type Spread struct {
+	Min, Max float64
 }
 
 // RatiosOf compares r with direct and empty, either of which may be nil.
 func RatiosOf(r, direct, empty *Result) Ratios {
 	var q Ratios
+	rate := func(a, b Slice) float64 { return a.Rate / b.Rate }
 	if direct != nil {
 		q.DirectRate = r.Rate() / direct.Rate()
 		q.DirectCPU = r.TotalCPUPerCheck() / direct.TotalCPUPerCheck()
+		q.DirectRateSpread = spread(r.Slices, direct.Slices, rate)
+		q.DirectCPUSpread = spread(r.Slices, direct.Slices, func(a, b Slice) float64 { return a.TotalCPU / b.TotalCPU })
 	}
 	if empty != nil {
 		q.EmptyRate = r.Rate() / empty.Rate()
+		q.EmptyRateSpread = spread(r.Slices, empty.Slices, rate)
 	}
 	return q
 }
 
+// spread is the least and the most of f over the slices of a and b measured in the same rounds
+// (the i-th of each: BenchmarkStack measures every mode once per round); zero unless both have
+// the same two or more slices.
+func spread(a, b []Slice, f func(a, b Slice) float64) Spread {
+	if len(a) < 2 || len(a) != len(b) {
+		return Spread{}
+	}
+	s := Spread{Min: math.Inf(1), Max: math.Inf(-1)}
+	for i := range a {
+		v := f(a[i], b[i])
+		s.Min, s.Max = min(s.Min, v), max(s.Max, v)
+	}
+	return s
+}
+
 // Report reports the ratios as b's metrics: x-direct-checks/s, x-direct-cpu/check and
-// x-empty-checks/s.
+// x-empty-checks/s, and where the slices spread, each one's least and most (-min, -max).
 func (q Ratios) Report(b *testing.B) {
+	report := func(v float64, s Spread, unit string) {
+		b.ReportMetric(v, unit)
+		if s != (Spread{}) {
+			b.ReportMetric(s.Min, unit+"-min")
+			b.ReportMetric(s.Max, unit+"-max")
+		}
+	}
 	if q.DirectRate > 0 {
-		b.ReportMetric(q.DirectRate, "x-direct-checks/s")
-		b.ReportMetric(q.DirectCPU, "x-direct-cpu/check")
+		report(q.DirectRate, q.DirectRateSpread, "x-direct-checks/s")
+		report(q.DirectCPU, q.DirectCPUSpread, "x-direct-cpu/check")
 	}
 	if q.EmptyRate > 0 {
-		b.ReportMetric(q.EmptyRate, "x-empty-checks/s")
+		report(q.EmptyRate, q.EmptyRateSpread, "x-empty-checks/s")
 	}
 }
 

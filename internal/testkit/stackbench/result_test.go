@@ -127,3 +127,46 @@ func TestParseHostCPU(t *testing.T) {
 		t.Errorf("ReadHostCPU() = %+v, %v: want this machine's ticks so far", h, err)
 	}
 }
+
+// TestRatiosSpread: slices merged in the order measured are paired round by round, each ratio's
+// least and most over the rounds reported beside it; runs of one slice, or of slices that do not
+// pair, have no spread.
+func TestRatiosSpread(t *testing.T) {
+	slice := func(m Mode, checks int64, cpu time.Duration) Result {
+		r := Result{Case: "uniform-10k", API: Unary, Mode: m}
+		r.Wall = time.Second
+		r.Outcomes[Allowed] = checks
+		r.CPU[ProcAgent] = cpu
+		r.Slices = []Slice{{Rate: r.Rate(), TotalCPU: r.TotalCPUPerCheck()}}
+		return r
+	}
+	direct, lease, empty := slice(Direct, 1000, 100*time.Millisecond), slice(Lease, 900, 99*time.Millisecond), slice(Empty, 2000, 20*time.Millisecond)
+	if q := RatiosOf(&lease, &direct, &empty); q.DirectRateSpread != (Spread{}) || q.EmptyRateSpread != (Spread{}) {
+		t.Errorf("one slice each: spread %+v", q)
+	}
+	// rounds 2 and 3: lease 1100 checks at 88 ms (80 µs/check), then 1000 at 120 ms; direct
+	// 1000 at 100 ms, then 1250 at 125 ms; the empty handler 2000 at 20 ms, then 2500 at 25 ms
+	direct.Merge(slice(Direct, 1000, 100*time.Millisecond))
+	direct.Merge(slice(Direct, 1250, 125*time.Millisecond))
+	lease.Merge(slice(Lease, 1100, 88*time.Millisecond))
+	lease.Merge(slice(Lease, 1000, 120*time.Millisecond))
+	empty.Merge(slice(Empty, 2000, 20*time.Millisecond))
+	empty.Merge(slice(Empty, 2500, 25*time.Millisecond))
+	q := RatiosOf(&lease, &direct, &empty)
+	if q.DirectRate != 3000.0/3250 {
+		t.Errorf("x-direct checks/s %v, want the whole runs' 3000/3250", q.DirectRate)
+	}
+	want := Ratios{
+		DirectRate: q.DirectRate, DirectCPU: q.DirectCPU, EmptyRate: q.EmptyRate,
+		DirectRateSpread: Spread{Min: 0.8, Max: 1.1},  // 900/1000, 1100/1000, 1000/1250
+		DirectCPUSpread:  Spread{Min: 0.8, Max: 1.2},  // 110/100, 80/100, 120/100 µs per check
+		EmptyRateSpread:  Spread{Min: 0.4, Max: 0.55}, // 900/2000, 1100/2000, 1000/2500
+	}
+	if q != want {
+		t.Errorf("RatiosOf = %+v\nwant %+v", q, want)
+	}
+	empty.Merge(slice(Empty, 2000, 20*time.Millisecond)) // a fourth slice pairs with nothing
+	if q := RatiosOf(&lease, &direct, &empty); q.EmptyRateSpread != (Spread{}) || q.DirectRateSpread == (Spread{}) {
+		t.Errorf("slices that do not pair: %+v", q)
+	}
+}
