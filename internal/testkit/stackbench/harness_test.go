@@ -16,11 +16,12 @@ import (
 )
 
 // TestPolicies: every case's policy file parses; its rule is the one the checks reach, in direct
-// mode exactly when the file says `lease: off`, with the limit the case documents, and a lease
-// lifetime of 250 ms (τ = C/(4r)); the RLS mapping is the one the load sends.
+// mode for the direct stack and the A/A control's second one, with leases for the lease stack,
+// with the limit the case documents, and a lease lifetime of 250 ms (τ = C/(4r)); the RLS
+// mapping is the one the load sends.
 func TestPolicies(t *testing.T) {
 	for _, c := range sb.Cases {
-		for _, m := range []sb.Mode{sb.Direct, sb.Lease} {
+		for _, m := range []sb.Mode{sb.Direct, sb.Lease, sb.Control} {
 			set, err := policy.Parse(c.Name+".yaml", sb.PolicyYAML(c, m))
 			if err != nil {
 				t.Fatalf("%s %s: %v", c.Name, m, err)
@@ -32,7 +33,7 @@ func TestPolicies(t *testing.T) {
 			if route.Rule.Name != sb.RuleName {
 				t.Errorf("%s %s: %s %s matches rule %q, want %q", c.Name, m, sb.Operation, sb.Path, route.Rule.Name, sb.RuleName)
 			}
-			if got, want := route.Rule.Direct, m == sb.Direct; got != want {
+			if got, want := route.Rule.Direct, m != sb.Lease; got != want {
 				t.Errorf("%s %s: Direct = %t, want %t", c.Name, m, got, want)
 			}
 			lim, err := set.Limits(route, "t0", "")

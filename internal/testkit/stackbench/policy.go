@@ -13,7 +13,13 @@ const (
 	Lease  Mode = "lease"  // lease: on, agents hold leases sized by demand
 	Direct Mode = "direct" // lease: off, every check one atomic take in the global bucket
 	Empty  Mode = "empty"  // no limiter: every check allowed by a handler that does nothing else
+	// Control is a second direct stack in the place of the lease stack (-stackbench.aa): its
+	// ratios to the direct stack, which does the same work, are the comparison's own noise.
+	Control Mode = "control"
 )
+
+// Compared reports whether m's rows are compared with the direct row of their case and API.
+func (m Mode) Compared() bool { return m == Lease || m == Control }
 
 // The request every check makes: a route of the benchmarked rule (RuleName) and a read.
 const (
@@ -57,16 +63,16 @@ var Cases = []Case{
 	{Name: "zipf-1.1-100k", Keys: Dist{Kind: Zipf, N: 100_000, S: 1.1}, Limit: TenantLimit, Burst: TenantBurst},
 }
 
-// PolicyYAML is the policy file of case c in mode m (Lease or Direct): one rule on Path's
-// template for reads, with the case's limit and `lease: on` or `lease: off`, and the Envoy
+// PolicyYAML is the policy file of case c in mode m (Lease, Direct or Control): one rule on
+// Path's template for reads, with the case's limit and `lease: on` (Lease) or `lease: off`, and the Envoy
 // descriptor mapping spelled out (tenant, path, method). The rest goes to a default rule no
 // benchmark check reaches.
 func PolicyYAML(c Case, m Mode) []byte {
-	if m != Lease && m != Direct {
+	if m != Lease && m != Direct && m != Control {
 		panic(fmt.Sprintf("stackbench: no policy for mode %q", m))
 	}
 	lease := "on"
-	if m == Direct {
+	if m != Lease {
 		lease = "off"
 	}
 	version := "stackbench-" + c.Name + "-" + string(m)

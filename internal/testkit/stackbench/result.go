@@ -309,7 +309,7 @@ func (s *Summary) Write(w io.Writer) {
 	b.WriteString("|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range s.results {
 		q := RatiosOf(r, nil, s.EmptyOf(r.API))
-		if r.Mode == Lease {
+		if r.Mode.Compared() {
 			q = RatiosOf(r, s.Find(r.Case, r.API, Direct), s.EmptyOf(r.API))
 		}
 		if r.Mode == Empty {

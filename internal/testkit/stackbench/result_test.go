@@ -170,3 +170,25 @@ func TestRatiosSpread(t *testing.T) {
 		t.Errorf("slices that do not pair: %+v", q)
 	}
 }
+
+// TestSummaryControl: the A/A control's row is compared with the direct row of its case and API,
+// as a lease row is.
+func TestSummaryControl(t *testing.T) {
+	var s Summary
+	for _, r := range []struct {
+		m      Mode
+		checks int64
+	}{{Direct, 1000}, {Control, 950}} {
+		res := Result{Case: "uniform-10k", API: Stream, Mode: r.m, Dist: Dist{Kind: Uniform, N: 10_000}}
+		res.Wall = time.Second
+		res.Outcomes[Allowed] = r.checks
+		res.CPU[ProcAgent] = time.Duration(r.checks) * 10 * time.Microsecond // 10 µs a check
+		s.Add(res)
+	}
+	var out strings.Builder
+	s.Write(&out)
+	rows := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(rows) != 4 || !strings.HasPrefix(rows[3], "| uniform-10k | stream | control | 950 |") || !strings.HasSuffix(rows[3], "| 0.95 | 1.00 |  | 0 |") {
+		t.Errorf("the control row is not compared with direct:\n%s", out.String())
+	}
+}

@@ -21,6 +21,7 @@ var (
 	measure = flag.Duration("stackbench.measure", 3*time.Second, "measured time of each run of BenchmarkStack")
 	warmup  = flag.Duration("stackbench.warmup", time.Second, "warm-up of each run of BenchmarkStack, load running, nothing counted")
 	rounds  = flag.Int("stackbench.rounds", 3, "BenchmarkStack: slices each run's measured time is cut into, the modes of a case and API taking turns")
+	aa      = flag.Bool("stackbench.aa", false, "BenchmarkStack: A/A control, a second direct stack (mode control) in the place of the lease stack, its ratios to direct the comparison's own noise")
 )
 
 // bins are the programs the stacks run, built on first use.
@@ -79,7 +80,9 @@ var apis = []sb.API{sb.Unary, sb.Stream, sb.Envoy}
 // each warmed up for -stackbench.warmup, and the slices of the modes alternate, so that a busy
 // moment of a shared machine falls on all of them rather than on one. The lease rows report
 // their ratios to the direct and empty rows, and a Markdown table of every run is printed at the
-// end. What the metrics mean: the README's Performance section. Run it with the default
+// end. With -stackbench.aa the lease stack is replaced by a second direct stack (mode control):
+// two stacks doing the same work, whose ratios show how far the comparison itself strays from
+// 1.0 on the machine. What the metrics mean: the README's Performance section. Run it with the default
 // -benchtime (or 1x): each run is time-bound (the first mode's sub-benchmark measures every
 // slice but the others' last ones).
 func BenchmarkStack(b *testing.B) {
@@ -88,14 +91,19 @@ func BenchmarkStack(b *testing.B) {
 	var sum sb.Summary
 	for _, c := range sb.Cases {
 		b.Run(c.Name, func(b *testing.B) {
-			modes := []sb.Mode{sb.Direct, sb.Lease}
+			second := sb.Lease
+			if *aa {
+				second = sb.Control
+			}
+			stacks := []sb.Mode{sb.Direct, second}
+			modes := stacks
 			targets := map[sb.Mode]sb.Target{}
 			keys := map[sb.Mode]*sb.Keys{}
 			if c.Keys.Kind == sb.Hot {
 				modes = append([]sb.Mode{sb.Empty}, modes...)
 				targets[sb.Empty] = sb.StartEmpty(b, bin)
 			}
-			for _, m := range []sb.Mode{sb.Direct, sb.Lease} {
+			for _, m := range stacks {
 				targets[m] = sb.StartStack(b, bin, sb.PolicyYAML(c, m))
 				keys[m] = c.Keys.New(seed)
 				if _, err := sb.Warm(ctx, targets[m].Socket(), keys[m], sb.Settle); err != nil {
@@ -146,7 +154,7 @@ func BenchmarkStack(b *testing.B) {
 							res.Report(b)
 							if m != sb.Empty {
 								var direct *sb.Result
-								if m == sb.Lease {
+								if m.Compared() {
 									direct = sum.Find(c.Name, api, sb.Direct)
 								}
 								sb.RatiosOf(&res, direct, sum.EmptyOf(api)).Report(b)
@@ -157,8 +165,12 @@ func BenchmarkStack(b *testing.B) {
 			}
 		})
 	}
-	fmt.Printf("\nStack benchmark summary: %d CPUs, GOMAXPROCS %d, %s; each run %v measured in %d slices, each after %v of warm-up, the modes taking turns; %d callers\n\n",
-		runtime.NumCPU(), runtime.GOMAXPROCS(0), time.Now().UTC().Format("2006-01-02"), tm.Measure, max(1, *rounds), tm.Warmup, benchLoad(sb.Unary).Callers)
+	control := ""
+	if *aa {
+		control = "; A/A control: a second direct stack in the place of the lease stack"
+	}
+	fmt.Printf("\nStack benchmark summary: %d CPUs, GOMAXPROCS %d, %s; each run %v measured in %d slices, each after %v of warm-up, the modes taking turns; %d callers%s\n\n",
+		runtime.NumCPU(), runtime.GOMAXPROCS(0), time.Now().UTC().Format("2006-01-02"), tm.Measure, max(1, *rounds), tm.Warmup, benchLoad(sb.Unary).Callers, control)
 	sum.Write(os.Stdout)
 	fmt.Println()
 }
