@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -282,4 +283,44 @@ func TestRunRedisSentinel(t *testing.T) {
 		t.Errorf("the master holds %v (%v), want acme's bucket", keys, err)
 	}
 	noACLDenials(t, s.Nodes()...)
+}
+
+// TestRunGCPercent: a coordinator on Redis runs its collector at redisGCPercent and says so,
+// unless GOGC is set; on the memory store the target is left alone. run puts the target back when
+// it returns.
+func TestRunGCPercent(t *testing.T) {
+	srv := redistest.Start(t)
+	file := filepath.Join(t.TempDir(), "policy.yaml")
+	writeFile(t, file, policyYAML("v1", "100/second"))
+	current := func() int { p := debug.SetGCPercent(100); debug.SetGCPercent(p); return p }
+	before := current()
+	if before == redisGCPercent {
+		t.Fatalf("the test process already runs at %d: the test could not tell", before)
+	}
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want int
+	}{
+		{"redis", nil, []string{"--redis-addrs", srv.Addr()}, redisGCPercent},
+		{"redis, GOGC set", map[string]string{"GOGC": "150"}, []string{"--redis-addrs", srv.Addr()}, before},
+		{"memory", nil, nil, before},
+	} {
+		c := start(t, tc.env, append([]string{"--policy", file}, tc.args...)...)
+		c.dial()
+		c.waitHealth(healthpb.HealthCheckResponse_SERVING)
+		if got := current(); got != tc.want {
+			t.Errorf("%s: the collector runs at %d, want %d", tc.name, got, tc.want)
+		}
+		if logged := strings.Contains(c.logs.String(), `"gc_percent":400`); logged != (tc.want == redisGCPercent) {
+			t.Errorf("%s: logged the target: %t\n%s", tc.name, logged, c.logs)
+		}
+		if err := c.stop(); err != nil {
+			t.Fatal(err)
+		}
+		if got := current(); got != before {
+			t.Errorf("%s: the collector runs at %d after run returned, want %d back", tc.name, got, before)
+		}
+	}
 }
