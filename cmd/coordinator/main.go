@@ -57,20 +57,16 @@ const (
 	// redisGCPercent is the garbage collector's target (GOGC) of a coordinator on Redis when the
 	// environment sets none. Such a coordinator holds no buckets: its live heap is a few
 	// megabytes and nearly all it allocates is a batch's garbage, so at Go's default of 100 the
-	// collector runs tens of times a second under load, for a heap that would not grow. At 400
-	// the coordinator spent 18–32 % less CPU per check on the stack benchmark's uniform cases,
-	// its memory peaking at 46 MB against 31 MB (docs/coordinator.md#memory-and-garbage-collection).
-	// The memory store keeps the buckets on the heap, so it stays at Go's default.
+	// collector runs tens of times a second under load, for a heap that would not grow; what 400
+	// saves and costs: docs/coordinator.md#memory-and-garbage-collection. The memory store keeps
+	// the buckets on the heap, so it stays at Go's default.
 	redisGCPercent = 400
 )
 
-// gcPercent is the collector target run sets, and whether it sets one: redisGCPercent for a
-// Redis store unless GOGC is set in the environment (the operator's choice stands).
-func gcPercent(store string, getenv func(string) string) (int, bool) {
-	if store != storeRedis || getenv("GOGC") != "" {
-		return 0, false
-	}
-	return redisGCPercent, true
+// setsGCPercent reports whether run sets the collector target to redisGCPercent: for a Redis
+// store, unless GOGC is set in the environment (the operator's choice stands).
+func setsGCPercent(store string, getenv func(string) string) bool {
+	return store == storeRedis && getenv("GOGC") == ""
 }
 
 // run is the coordinator: it serves until ctx is done, then shuts down gracefully. Logs go to
@@ -89,9 +85,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	defer func() { _ = log.Sync() }()
 	cli.WarnDeprecated(log, cfg.deprecated)
-	if pct, ok := gcPercent(cfg.store, getenv); ok {
-		defer debug.SetGCPercent(debug.SetGCPercent(pct)) // put back when run returns (tests run it in process)
-		log.Info("garbage collector target set for a coordinator on Redis (GOGC overrides it)", zap.Int("gc_percent", pct))
+	if setsGCPercent(cfg.store, getenv) {
+		defer debug.SetGCPercent(debug.SetGCPercent(redisGCPercent)) // put back when run returns (tests run it in process)
+		log.Info("garbage collector target set for a coordinator on Redis (GOGC overrides it)", zap.Int("gc_percent", redisGCPercent))
 	}
 
 	reg := newRegistry()

@@ -42,6 +42,9 @@ type Slice struct {
 	TotalCPU float64 // total-cpu-µs/check
 }
 
+// slice is r's figures as one Slice (r one measured window).
+func (r *Result) slice() Slice { return Slice{Rate: r.Rate(), TotalCPU: r.TotalCPUPerCheck()} }
+
 // Measure runs load against target: the callers start, run for tm.Warmup uncounted, then for
 // tm.Measure counted, and stop. The counters are read around the measured window (Target.Sample).
 func Measure(ctx context.Context, target Target, keys *Keys, load Load, tm Timing) (Result, error) {
@@ -98,7 +101,7 @@ func Measure(ctx context.Context, target Target, keys *Keys, load Load, tm Timin
 	if res.Checks() == 0 {
 		return res, fmt.Errorf("stackbench: no check answered in %v", tm.Measure)
 	}
-	res.Slices = []Slice{{Rate: res.Rate(), TotalCPU: res.TotalCPUPerCheck()}}
+	res.Slices = []Slice{res.slice()}
 	return res, nil
 }
 

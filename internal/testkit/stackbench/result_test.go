@@ -137,7 +137,7 @@ func TestRatiosSpread(t *testing.T) {
 		r.Wall = time.Second
 		r.Outcomes[Allowed] = checks
 		r.CPU[ProcAgent] = cpu
-		r.Slices = []Slice{{Rate: r.Rate(), TotalCPU: r.TotalCPUPerCheck()}}
+		r.Slices = []Slice{r.slice()}
 		return r
 	}
 	direct, lease, empty := slice(Direct, 1000, 100*time.Millisecond), slice(Lease, 900, 99*time.Millisecond), slice(Empty, 2000, 20*time.Millisecond)
