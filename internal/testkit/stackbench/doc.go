@@ -4,8 +4,9 @@
 //
 // A Stack is one redis-server of its own (internal/testkit/redistest, a free port), one
 // cmd/coordinator on it and one cmd/agent on that coordinator, separate processes built by
-// internal/testkit/proctest, sharing one policy file (PolicyYAML: one rule whose limit the Case
-// chooses). EmptyServer is cmd emptyagent: every check allowed, nothing else, on the same kind of
+// internal/testkit/proctest, sharing one policy file (PolicyYAML: one rule per Mode, each on its
+// own route, with the limit the Case chooses), so that both modes are measured on the same
+// processes. EmptyServer is cmd emptyagent: every check allowed, nothing else, on the same kind of
 // socket and gRPC server. The harness drives them only through the agent's public APIs (the
 // native AgentService's Check and CheckStream, Envoy's RateLimitService) and reads them only
 // from the outside:

@@ -15,23 +15,24 @@ import (
 	"github.com/leasebucket/leasebucket/policy"
 )
 
-// TestPolicies: every case's policy file parses; its rule is the one the checks reach, in direct
-// mode for the direct stack and the A/A control's second one, with leases for the lease stack,
-// with the limit the case documents, and a lease lifetime of 250 ms (τ = C/(4r)); the RLS
-// mapping is the one the load sends.
+// TestPolicies: every case's policy file parses; each mode's checks reach the mode's own rule, in
+// direct mode for direct and the A/A control, with leases for lease, with the limit the case
+// documents, and a lease lifetime of 250 ms (τ = C/(4r)); the RLS mapping is the one the load
+// sends.
 func TestPolicies(t *testing.T) {
+	modes := []sb.Mode{sb.Direct, sb.Lease, sb.Control}
 	for _, c := range sb.Cases {
-		for _, m := range []sb.Mode{sb.Direct, sb.Lease, sb.Control} {
-			set, err := policy.Parse(c.Name+".yaml", sb.PolicyYAML(c, m))
-			if err != nil {
-				t.Fatalf("%s %s: %v", c.Name, m, err)
-			}
-			route, err := set.Match(sb.Path, sb.Operation)
+		set, err := policy.Parse(c.Name+".yaml", sb.PolicyYAML(c, modes...))
+		if err != nil {
+			t.Fatalf("%s: %v", c.Name, err)
+		}
+		for _, m := range modes {
+			route, err := set.Match(m.Path(), sb.Operation)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if route.Rule.Name != sb.RuleName {
-				t.Errorf("%s %s: %s %s matches rule %q, want %q", c.Name, m, sb.Operation, sb.Path, route.Rule.Name, sb.RuleName)
+			if route.Rule.Name != m.Rule() {
+				t.Errorf("%s %s: %s %s matches rule %q, want %q", c.Name, m, sb.Operation, m.Path(), route.Rule.Name, m.Rule())
 			}
 			if got, want := route.Rule.Direct, m != sb.Lease; got != want {
 				t.Errorf("%s %s: Direct = %t, want %t", c.Name, m, got, want)
@@ -100,16 +101,17 @@ func TestRedisProbe(t *testing.T) {
 	}
 }
 
-// TestHarness runs the harness on tiny loads against a real lease-mode stack and the empty
-// handler, and checks that it measures what it claims: every check answered and none failed;
-// the checks the load counts are the agent's decisions; the scripts counted in Redis are the
-// store operations the coordinator counts; every process's CPU time grows. No speed is asserted.
+// TestHarness runs the harness on tiny loads against a real stack with a lease rule and a direct
+// rule, and the empty handler, and checks that it measures what it claims: every check answered
+// and none failed; the checks the load counts are the agent's decisions, by the rule of the
+// load's mode and no other; the scripts counted in Redis are the store operations the coordinator
+// counts; every process's CPU time grows. No speed is asserted.
 func TestHarness(t *testing.T) {
 	redistest.Require(t)
 	bin := binaries(t)
 	ctx := context.Background()
 	c := sb.Case{Name: "tiny", Keys: sb.Dist{Kind: sb.Uniform, N: 1000}, Limit: sb.TenantLimit, Burst: sb.TenantBurst}
-	stack := sb.StartStack(t, bin, sb.PolicyYAML(c, sb.Lease))
+	stack := sb.StartStack(t, bin, sb.PolicyYAML(c, sb.Direct, sb.Lease))
 	// Before any check: the coordinator has read the runtime overrides (scripts that are not store
 	// operations); counts below are from here.
 	start, err := stack.Sample(ctx, false)
@@ -121,7 +123,7 @@ func TestHarness(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys := c.Keys.New(1)
-	warmed, err := sb.Warm(ctx, stack.Socket(), keys, 0)
+	warmed, err := sb.Warm(ctx, stack.Socket(), keys, sb.Lease.Path(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +139,7 @@ func TestHarness(t *testing.T) {
 	var total sb.Result // the three runs' sums
 	clientChecks := warmed
 	for _, api := range []sb.API{sb.Unary, sb.Stream, sb.Envoy} {
-		res, err := sb.Measure(ctx, stack, keys, sb.Load{API: api, Callers: callers, Streams: 2, MaxBatch: 4, Linger: 50 * time.Microsecond}, tm)
+		res, err := sb.Measure(ctx, stack, keys, sb.Load{API: api, Path: sb.Lease.Path(), Callers: callers, Streams: 2, MaxBatch: 4, Linger: 50 * time.Microsecond}, tm)
 		if err != nil {
 			t.Fatalf("%s: %v", api, err)
 		}
@@ -198,19 +200,57 @@ func TestHarness(t *testing.T) {
 	if scripts, n := rest.Redis.Scripts-start.Redis.Scripts, ops-startOps; scripts > n || scripts < math.Ceil(n/redisstore.MaxBatchKeys) {
 		t.Errorf("Redis ran %v scripts for %v store operations, want between %v and as many", scripts, n, math.Ceil(n/redisstore.MaxBatchKeys))
 	}
-	decided, err := stack.AgentMetric(ctx, "leasebucket_agent_decisions_total")
+	const leaseRule, directRule = `rule="lease"`, `rule="direct"`
+	decided, err := stack.AgentMetric(ctx, "leasebucket_agent_decisions_total", leaseRule)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if d := int64(decided); d < clientChecks || d > clientChecks+3*callers {
 		t.Errorf("the agent decided %d checks; the load counted %d (+ at most %d in flight)", d, clientChecks, 3*callers)
 	}
+	if n, err := stack.AgentMetric(ctx, "leasebucket_agent_decisions_total", directRule); err == nil {
+		t.Errorf("the lease rule's loads reached the direct rule: %v decisions", n)
+	}
+
+	// The direct rule on the same stack: a load on its path is decided by it alone, every check
+	// a take in the global bucket (no lease held, so at rest the store operations are at least
+	// the allowed checks).
+	opsBefore, err := stack.CoordinatorMetric(ctx, "leasebucket_coordinator_items_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := sb.Measure(ctx, stack, keys, sb.Load{API: sb.Unary, Path: sb.Direct.Path(), Callers: callers}, tm)
+	if err != nil {
+		t.Fatalf("direct: %v", err)
+	}
+	checkRun(t, "unary direct", res, tm.Measure)
+	direct, err := stack.AgentMetric(ctx, "leasebucket_agent_decisions_total", directRule)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var directChecks int64 // warm-up included
+	for _, n := range res.Total {
+		directChecks += n
+	}
+	if d := int64(direct); d < directChecks || d > directChecks+callers {
+		t.Errorf("the direct rule decided %d checks; its load counted %d (+ at most %d in flight)", d, directChecks, callers)
+	}
+	if d, err := stack.AgentMetric(ctx, "leasebucket_agent_decisions_total", leaseRule); err != nil || d != decided {
+		t.Errorf("the lease rule decided %v checks after the direct load (%v), want %v", d, err, decided)
+	}
+	opsAfter, err := stack.CoordinatorMetric(ctx, "leasebucket_coordinator_items_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ops := opsAfter - opsBefore; ops < float64(res.Outcomes[sb.Allowed]) {
+		t.Errorf("the direct rule's %d allowed checks made %v store operations, want one each at least", res.Outcomes[sb.Allowed], ops)
+	}
 
 	// The empty handler answers every API, always allowed.
 	empty := sb.StartEmpty(t, bin)
 	for _, api := range []sb.API{sb.Unary, sb.Stream, sb.Envoy} {
 		etm := sb.Timing{Warmup: 20 * time.Millisecond, Measure: 100 * time.Millisecond}
-		res, err := sb.Measure(ctx, empty, keys, sb.Load{API: api, Callers: callers, Streams: 2, MaxBatch: 4, Linger: 50 * time.Microsecond}, etm)
+		res, err := sb.Measure(ctx, empty, keys, sb.Load{API: api, Path: sb.Empty.Path(), Callers: callers, Streams: 2, MaxBatch: 4, Linger: 50 * time.Microsecond}, etm)
 		if err != nil {
 			t.Fatalf("empty %s: %v", api, err)
 		}
@@ -275,7 +315,7 @@ func TestQuotaHarness(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	route, err := set.Match(sb.Path, sb.Operation)
+	route, err := set.Match(sb.Lease.Path(), sb.Operation)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,6 +46,7 @@ const (
 // holds one).
 type Load struct {
 	API      API
+	Path     string // the route every check asks for: its mode's (Mode.Path); Quota: unused, Lease's
 	Callers  int
 	Streams  int           // Stream: streams on the connection, the callers spread evenly over them
 	MaxBatch int           // Stream: most checks in one message
@@ -135,7 +136,7 @@ func Dial(socket string) (*grpc.ClientConn, error) {
 // StartLoad starts load against socket, drawing keys from keys; it runs until Stop.
 func StartLoad(socket string, keys *Keys, load Load) (*Runner, error) {
 	if (load.API != Unary && load.API != Stream && load.API != Envoy && load.API != Quota) || load.Callers < 1 ||
-		(load.API == Stream && (load.Streams < 1 || load.MaxBatch < 1)) {
+		(load.API != Quota && load.Path == "") || (load.API == Stream && (load.Streams < 1 || load.MaxBatch < 1)) {
 		return nil, fmt.Errorf("stackbench: invalid load %+v", load)
 	}
 	conn, err := Dial(socket)
@@ -223,7 +224,7 @@ func (r *Runner) Stop() Window {
 
 func (r *Runner) unary(c *caller, next func() int) {
 	client := agentv1.NewAgentServiceClient(r.conn)
-	req := &agentv1.CheckRequest{Route: Path, Operation: Operation}
+	req := &agentv1.CheckRequest{Route: r.load.Path, Operation: Operation}
 	for r.ctx.Err() == nil {
 		req.Tenant = r.keys.Tenant(next())
 		t0 := time.Now()
@@ -256,7 +257,7 @@ func (r *Runner) envoy(c *caller, next func() int) {
 	client := ratelimitv3.NewRateLimitServiceClient(r.conn)
 	tenant := &commonv3.RateLimitDescriptor_Entry{Key: "tenant"}
 	req := &ratelimitv3.RateLimitRequest{Domain: "leasebucket", Descriptors: []*commonv3.RateLimitDescriptor{{
-		Entries: []*commonv3.RateLimitDescriptor_Entry{tenant, {Key: "path", Value: Path}, {Key: "method", Value: Operation}},
+		Entries: []*commonv3.RateLimitDescriptor_Entry{tenant, {Key: "path", Value: r.load.Path}, {Key: "method", Value: Operation}},
 	}}}
 	for r.ctx.Err() == nil {
 		tenant.Value = r.keys.Tenant(next())
@@ -335,7 +336,7 @@ func (s *checkStream) fail(err error) {
 }
 
 func (r *Runner) stream(c *caller, s *checkStream, next func() int) {
-	p := &pending{req: checkwire.Check{Route: Path, Operation: Operation}, done: make(chan answer, 1)}
+	p := &pending{req: checkwire.Check{Route: r.load.Path, Operation: Operation}, done: make(chan answer, 1)}
 	for r.ctx.Err() == nil {
 		p.req.Tenant = r.keys.Tenant(next())
 		t0 := time.Now()
@@ -506,13 +507,13 @@ func (s *checkStream) take(resp *checkwire.Answer) ([]*pending, error) {
 	return ps, nil
 }
 
-// Warm checks every key of keys once (Keys.Pass order) in CheckBatch calls of 64 checks from 8
-// goroutines, then waits settle for the leases this took to expire and be returned (Settle,
-// several lease lifetimes, in the benchmark): afterwards the agent knows every key, as it would
-// in a process that has run for a while, and a key's next check is its steady-state cold check.
-// It returns the number of checks answered. Denials and unavailable answers are fine; an error
-// is returned.
-func Warm(ctx context.Context, socket string, keys *Keys, settle time.Duration) (int64, error) {
+// Warm checks every key of keys once on route path (Keys.Pass order) in CheckBatch calls of 64
+// checks from 8 goroutines, then waits settle for the leases this took to expire and be returned
+// (Settle, several lease lifetimes, in the benchmark): afterwards the agent knows every key, as it
+// would in a process that has run for a while, and a key's next check is its steady-state cold
+// check. It returns the number of checks answered. Denials and unavailable answers are fine; an
+// error is returned.
+func Warm(ctx context.Context, socket string, keys *Keys, path string, settle time.Duration) (int64, error) {
 	conn, err := Dial(socket)
 	if err != nil {
 		return 0, err
@@ -537,7 +538,7 @@ func Warm(ctx context.Context, socket string, keys *Keys, settle time.Duration) 
 				}
 				req := &agentv1.CheckBatchRequest{}
 				for j := lo; j < min(lo+batch, n); j++ {
-					req.Checks = append(req.Checks, &agentv1.CheckRequest{Tenant: keys.Tenant(keys.Pass(j)), Route: Path, Operation: Operation})
+					req.Checks = append(req.Checks, &agentv1.CheckRequest{Tenant: keys.Tenant(keys.Pass(j)), Route: path, Operation: Operation})
 				}
 				resp, err := client.CheckBatch(ctx, req)
 				if err == nil {

@@ -3,6 +3,7 @@ package stackbench
 import (
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // Mode is how the benchmarked rule spends its global bucket.
@@ -21,12 +22,29 @@ const (
 // Compared reports whether m's rows are compared with the direct row of their case and API.
 func (m Mode) Compared() bool { return m == Lease || m == Control }
 
-// The request every check makes: a route of the benchmarked rule (RuleName) and a read.
-const (
-	RuleName  = "items"
-	Path      = "/v1/items/42"
-	Operation = "GET"
-)
+// Operation is what every check does: a read.
+const Operation = "GET"
+
+// Rule is the name of mode m's rule in a case's policy file: the mode's name. Empty has none.
+func (m Mode) Rule() string {
+	if m != Lease && m != Direct && m != Control {
+		panic(fmt.Sprintf("stackbench: no rule for mode %q", m))
+	}
+	return string(m)
+}
+
+// Route is the route template of mode m's rule, and Path the route its checks ask for: each mode
+// its own route and rule (and so its own buckets) in the one policy file of a case's stack.
+func (m Mode) Route() string { return "/v1/" + m.Rule() + "/{id}" }
+
+// Path is a route of m's rule (Route): what every check of a mode-m load asks for. The empty
+// handler's load asks for Lease's.
+func (m Mode) Path() string {
+	if m == Empty {
+		m = Lease
+	}
+	return strings.TrimSuffix(m.Route(), "{id}") + "42"
+}
 
 // Limits of the benchmarked rule, and why.
 const (
@@ -63,34 +81,34 @@ var Cases = []Case{
 	{Name: "zipf-1.1-100k", Keys: Dist{Kind: Zipf, N: 100_000, S: 1.1}, Limit: TenantLimit, Burst: TenantBurst},
 }
 
-// PolicyYAML is the policy file of case c in mode m (Lease, Direct or Control): one rule on
-// Path's template for reads, with the case's limit and `lease: on` (Lease) or `lease: off`, and the Envoy
-// descriptor mapping spelled out (tenant, path, method). The rest goes to a default rule no
-// benchmark check reaches.
-func PolicyYAML(c Case, m Mode) []byte {
-	if m != Lease && m != Direct && m != Control {
-		panic(fmt.Sprintf("stackbench: no policy for mode %q", m))
-	}
-	lease := "on"
-	if m != Lease {
-		lease = "off"
-	}
-	version := "stackbench-" + c.Name + "-" + string(m)
-	return fmt.Appendf(nil, `version: %q
+// PolicyYAML is the policy file of case c's stack: one rule per mode of modes (Lease, Direct or
+// Control; each once), named for its mode, on the mode's route (Mode.Route) for reads, with the
+// case's limit, and `lease: on` (Lease) or `lease: off`; and the Envoy descriptor mapping spelled
+// out (tenant, path, method). The rest goes to a default rule no benchmark check reaches.
+func PolicyYAML(c Case, modes ...Mode) []byte {
+	b := fmt.Appendf(nil, `version: %q
 envoy:
   domain: leasebucket
   tenant_key: tenant
   route_key: path
   operation_key: method
 rules:
-  - name: %s
-    routes: ["/v1/items/{id}"]
+`, "stackbench-"+c.Name)
+	for _, m := range modes {
+		lease := "on"
+		if m != Lease {
+			lease = "off"
+		}
+		b = fmt.Appendf(b, `  - name: %s
+    routes: [%q]
     operations: [read]
     limit: %s
     burst: %s
     lease: %s
-default:
+`, m.Rule(), m.Route(), c.Limit, strconv.FormatInt(c.Burst, 10), lease)
+	}
+	return append(b, `default:
   limit: 60/minute
   burst: 10
-`, version, RuleName, c.Limit, strconv.FormatInt(c.Burst, 10), lease)
+`...)
 }

@@ -23,12 +23,12 @@ const Quota API = "rlqs"
 // QuotaReporting is the filters' reporting_interval: the one docs/gateway.md configures.
 const QuotaReporting = time.Second
 
-// quotaFilterYAML is the filters' configuration: Path's template as the bucket's path, the tenant
-// from the verified JWT, failing closed (DENY_ALL) before the first assignment, as
-// docs/gateway.md configures a fail-closed rule.
+// quotaFilterYAML is the filters' configuration: the lease rule's route template as the bucket's
+// path, the tenant from the verified JWT, failing closed (DENY_ALL) before the first assignment,
+// as docs/gateway.md configures a fail-closed rule.
 func quotaFilterYAML() string {
 	return envoyquota.FilterYAML("leasebucket", QuotaReporting, time.Minute,
-		envoyquota.Route{Prefix: Path[:strings.LastIndexByte(Path, '/')+1], Template: "/v1/items/{id}"})
+		envoyquota.Route{Prefix: strings.TrimSuffix(Lease.Route(), "{id}"), Template: Lease.Route()})
 }
 
 // quotaFilters are the filters of a Quota load, each on its own connection.
@@ -54,8 +54,9 @@ func (r *Runner) startQuota(socket string) error {
 
 // quota is a caller of a Quota load: requests of its keys through filter f, back to back.
 func (r *Runner) quota(c *caller, f *envoyquota.Filter, next func() int) {
+	path := Lease.Path()
 	for r.ctx.Err() == nil {
-		req := envoyquota.HTTP(r.keys.Tenant(next()), Operation, Path)
+		req := envoyquota.HTTP(r.keys.Tenant(next()), Operation, path)
 		t0 := time.Now()
 		d := f.Decide(req)
 		el := time.Since(t0)

@@ -21,7 +21,7 @@ var (
 	measure = flag.Duration("stackbench.measure", 3*time.Second, "measured time of each run of BenchmarkStack")
 	warmup  = flag.Duration("stackbench.warmup", time.Second, "warm-up of each run of BenchmarkStack, load running, nothing counted")
 	rounds  = flag.Int("stackbench.rounds", 3, "BenchmarkStack: slices each run's measured time is cut into, the modes of a case and API taking turns")
-	aa      = flag.Bool("stackbench.aa", false, "BenchmarkStack: A/A control, a second direct stack (mode control) in the place of the lease stack, its ratios to direct the comparison's own noise")
+	aa      = flag.Bool("stackbench.aa", false, "BenchmarkStack: A/A control, a second direct rule (mode control) on the same stack beside direct and lease, its ratios to direct the comparison's own noise")
 )
 
 // bins are the programs the stacks run, built on first use.
@@ -72,41 +72,47 @@ var apis = []sb.API{sb.Unary, sb.Stream, sb.Envoy}
 
 // BenchmarkStack measures the whole stack over the agent's Unix socket: for each case
 // (sb.Cases: one hot key; 10,000 and 100,000 uniform keys, each colder than its lease; Zipf
-// s=1.1 over 100,000 keys) a direct-mode stack (`lease: off`) and a lease-mode stack (`lease:
-// on`), each its own redis-server, cmd/coordinator and cmd/agent, are started and warmed (every
-// key checked once), then each API (native unary Check, native CheckStream, Envoy's
-// ShouldRateLimit) is measured on both (the hot-key case on the empty handler, emptyagent, too),
-// the modes taking turns: each run's -stackbench.measure is cut into -stackbench.rounds slices,
-// each warmed up for -stackbench.warmup, and the slices of the modes alternate, so that a busy
-// moment of a shared machine falls on all of them rather than on one. The lease rows report
-// their ratios to the direct and empty rows, and a Markdown table of every run is printed at the
-// end. With -stackbench.aa the lease stack is replaced by a second direct stack (mode control):
-// two stacks doing the same work, whose ratios show how far the comparison itself strays from
-// 1.0 on the machine. What the metrics mean: the README's Performance section. Run it with the default
-// -benchtime (or 1x): each run is time-bound (the first mode's sub-benchmark measures every
-// slice but the others' last ones).
+// s=1.1 over 100,000 keys) one stack (its own redis-server, cmd/coordinator and cmd/agent) is
+// started with two rules of the case's limit on two routes, one in direct mode (`lease: off`)
+// and one in lease mode (`lease: on`), and warmed (every key checked once on each route); then
+// each API (native unary Check, native CheckStream, Envoy's ShouldRateLimit) is measured on both
+// rules (the hot-key case on the empty handler, emptyagent, too), the modes taking turns: each
+// run's -stackbench.measure is cut into -stackbench.rounds slices, each warmed up for
+// -stackbench.warmup, and the slices of the modes alternate, so that a busy moment of a shared
+// machine falls on all of them rather than on one. Both modes are served by the same processes,
+// so the comparison does not depend on how two sets of processes happen to settle on the
+// machine's cores. The lease rows report their ratios to the direct and empty rows, and a
+// Markdown table of every run is printed at the end. With -stackbench.aa a third rule, a second
+// direct one (mode control), takes its turns too: two rules doing the same work, whose ratios
+// show how far the comparison itself strays from 1.0 on the machine. What the metrics mean: the
+// README's Performance section. Run it with the default -benchtime (or 1x): each run is
+// time-bound (the first mode's sub-benchmark measures every slice but the others' last ones).
 func BenchmarkStack(b *testing.B) {
 	bin, tm := benchSetup(b)
 	ctx := context.Background()
 	var sum sb.Summary
 	for _, c := range sb.Cases {
 		b.Run(c.Name, func(b *testing.B) {
-			second := sb.Lease
+			rules := []sb.Mode{sb.Direct, sb.Lease}
 			if *aa {
-				second = sb.Control
+				rules = append(rules, sb.Control)
 			}
-			stacks := []sb.Mode{sb.Direct, second}
-			modes := stacks
+			modes := rules
 			targets := map[sb.Mode]sb.Target{}
 			keys := map[sb.Mode]*sb.Keys{}
 			if c.Keys.Kind == sb.Hot {
 				modes = append([]sb.Mode{sb.Empty}, modes...)
 				targets[sb.Empty] = sb.StartEmpty(b, bin)
 			}
-			for _, m := range stacks {
-				targets[m] = sb.StartStack(b, bin, sb.PolicyYAML(c, m))
+			stack := sb.StartStack(b, bin, sb.PolicyYAML(c, rules...))
+			for i, m := range rules {
+				targets[m] = stack
 				keys[m] = c.Keys.New(seed)
-				if _, err := sb.Warm(ctx, targets[m].Socket(), keys[m], sb.Settle); err != nil {
+				settle := time.Duration(0)
+				if i == len(rules)-1 {
+					settle = sb.Settle
+				}
+				if _, err := sb.Warm(ctx, stack.Socket(), keys[m], m.Path(), settle); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -119,7 +125,10 @@ func BenchmarkStack(b *testing.B) {
 					slice := sb.Timing{Warmup: tm.Warmup, Measure: tm.Measure / time.Duration(n)}
 					got := map[sb.Mode]*sb.Result{}
 					measure := func(b *testing.B, m sb.Mode) {
-						res, err := sb.Measure(ctx, targets[m], keys[m], benchLoad(api), slice)
+						runtime.GC() // every slice's load generator starts from the same clean heap
+						load := benchLoad(api)
+						load.Path = m.Path()
+						res, err := sb.Measure(ctx, targets[m], keys[m], load, slice)
 						if err != nil {
 							b.Fatal(err)
 						}
@@ -132,15 +141,12 @@ func BenchmarkStack(b *testing.B) {
 					for i, m := range modes {
 						b.Run(string(m), func(b *testing.B) {
 							if i == 0 {
-								// Every slice but the last of each mode, the modes taking turns (in
-								// reverse order every other round, so that none always follows the
-								// same one); each mode's last slice runs in its own sub-benchmark.
+								// Every slice but the last of each mode, the modes taking turns
+								// (sb.Turns); each mode's last slice runs in its own sub-benchmark,
+								// in the modes' order, which is the last round's.
 								for r := range n - 1 {
-									for j := range modes {
-										if r%2 == 1 {
-											j = len(modes) - 1 - j
-										}
-										measure(b, modes[j])
+									for _, m := range sb.Turns(modes, r, n) {
+										measure(b, m)
 									}
 								}
 							}
@@ -167,7 +173,7 @@ func BenchmarkStack(b *testing.B) {
 	}
 	control := ""
 	if *aa {
-		control = "; A/A control: a second direct stack in the place of the lease stack"
+		control = "; A/A control: a second direct rule on the same stack"
 	}
 	fmt.Printf("\nStack benchmark summary: %d CPUs, GOMAXPROCS %d, %s; each run %v measured in %d slices, each after %v of warm-up, the modes taking turns; %d callers%s\n\n",
 		runtime.NumCPU(), runtime.GOMAXPROCS(0), time.Now().UTC().Format("2006-01-02"), tm.Measure, max(1, *rounds), tm.Warmup, benchLoad(sb.Unary).Callers, control)
@@ -202,13 +208,13 @@ func BenchmarkQuota(b *testing.B) {
 		b.Run(c.Name, func(b *testing.B) {
 			stack := sb.StartStack(b, bin, sb.QuotaPolicyYAML())
 			keys := c.Keys.New(seed)
-			if _, err := sb.Warm(ctx, stack.Socket(), keys, sb.Settle); err != nil {
+			if _, err := sb.Warm(ctx, stack.Socket(), keys, sb.Lease.Path(), sb.Settle); err != nil {
 				b.Fatal(err)
 			}
 			for _, api := range []sb.API{sb.Envoy, sb.Quota} {
 				b.Run(string(api), func(b *testing.B) {
 					load := benchLoad(api)
-					load.Envoys, load.Pause = quotaEnvoys, *quotaPause
+					load.Path, load.Envoys, load.Pause = sb.Lease.Path(), quotaEnvoys, *quotaPause
 					t := tm
 					if api == sb.Quota {
 						// Six reports: each bucket's first assignment is sized from one request, the
