@@ -162,6 +162,7 @@ func (l *Limiter) buildAcquire(now clock.Nanos, v *view, batch []*entry) *Call {
 		c.Acquire.Seq = l.seq.Add(1)
 	}
 	l.stats.Acquires.Add(1)
+	l.stats.ops.count(c)
 	return c
 }
 
@@ -378,6 +379,7 @@ func (l *Limiter) buildReturn(now clock.Nanos, backs []*entry) *Call {
 		return nil
 	}
 	c.Return.Seq = l.seq.Add(1)
+	l.stats.ops.count(c)
 	return c
 }
 

@@ -491,6 +491,8 @@ type Stats struct {
 	Evicted          atomic.Uint64 // keys evicted by the LRU bound
 	Released         atomic.Uint64 // waiting checks told to check again: their key was retired while they waited
 	PolicyMismatch   atomic.Uint64 // coordinator did not know the policy version or a route
+
+	ops storeOps // store operations by rule (StoreOps)
 }
 
 // Stats returns the core's counters.

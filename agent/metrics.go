@@ -266,13 +266,18 @@ func desc(name, help string) *prometheus.Desc {
 	return prometheus.NewDesc("leasebucket_agent_"+name, help, nil, nil)
 }
 
+// storeOpsDesc counts the Limiter's store operations by rule (Stats.StoreOps).
+var storeOpsDesc = prometheus.NewDesc("leasebucket_agent_store_operations_total",
+	"Store operations this agent's coordinator calls asked for, by rule and call: each Acquire item (a refill, the key's own lease handed back in the same operation) is one (acquire), and each lease handed back on its own (return); resent calls count again. Over decisions_total of the rule: its store operations per check, about 1 where its keys are checked less often than a lease lives.",
+	[]string{"rule", "call"}, nil)
+
 func (c *coreCollector) Describe(ch chan<- *prometheus.Desc) {
 	d := coreDescs
 	for _, x := range []*prometheus.Desc{d.grants, d.grantedTokens, d.refillDenials, d.itemFailures, d.acquires, d.resends,
 		d.returns, d.returnedTokens, d.creditedTokens, d.lostTokens, d.skippedReturns, d.skippedTokens, d.expiries, d.evictions, d.degraded, d.shadow,
 		d.mismatches, d.refunds, d.refundsLost, d.refundsLostTokens, d.outstanding, d.keys, d.inflight, d.queuedRefills, d.queuedReturns,
 		d.settleHolds, d.settleDropped, d.settles, d.settleCredited, d.settleUncredited, d.settleSpent,
-		d.debtTokens, d.debtCharged, d.debtForgiven, d.debtLost, d.holdsWaiting} {
+		d.debtTokens, d.debtCharged, d.debtForgiven, d.debtLost, d.holdsWaiting, storeOpsDesc} {
 		ch <- x
 	}
 }
@@ -316,6 +321,10 @@ func (c *coreCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(d.debtCharged, tokens(s.DebtCharged.Load()))
 	counter(d.debtForgiven, tokens(s.DebtForgiven.Load()))
 	counter(d.debtLost, tokens(s.DebtLost.Load()))
+	s.StoreOps(func(rule string, acquires, returns uint64) {
+		ch <- prometheus.MustNewConstMetric(storeOpsDesc, prometheus.CounterValue, float64(acquires), rule, "acquire")
+		ch <- prometheus.MustNewConstMetric(storeOpsDesc, prometheus.CounterValue, float64(returns), rule, "return")
+	})
 	gauge(d.holdsWaiting, float64(c.lim.holds.Len()))
 	held := int64(c.lim.Outstanding())
 	inflight := 0

@@ -87,6 +87,24 @@ type testCoordinator struct {
 	inflight    int
 	maxInflight int
 	returned    int64 // µ of unspent tokens in Returns that reached the service
+	// ops counts the items of every call, by "rule call": each Acquire item (acquire), and each
+	// lease handed back apart from them, in an Acquire's returns or a Return (return).
+	ops map[string]int
+}
+
+// count records the items of a call (an Acquire's items and returns, or a Return's items).
+func (c *testCoordinator) count(items []*coordinatorv1.AcquireItem, returns []*coordinatorv1.ReturnItem) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ops == nil {
+		c.ops = map[string]int{}
+	}
+	for _, it := range items {
+		c.ops[it.Bucket.GetRule()+" acquire"]++
+	}
+	for _, it := range returns {
+		c.ops[it.Bucket.GetRule()+" return"]++
+	}
 }
 
 func (c *testCoordinator) setFault(f fault) { c.fault.Store(int32(f)) }
@@ -137,6 +155,7 @@ func (c *testCoordinator) injected(ctx context.Context, acquire bool) error {
 func (c *testCoordinator) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest) (*coordinatorv1.AcquireResponse, error) {
 	c.enter(req.Seq, len(req.Items))
 	defer c.leave()
+	c.count(req.Items, req.Returns)
 	if err := c.injected(ctx, true); err != nil {
 		return nil, err
 	}
@@ -150,6 +169,7 @@ func (c *testCoordinator) Acquire(ctx context.Context, req *coordinatorv1.Acquir
 }
 
 func (c *testCoordinator) Return(ctx context.Context, req *coordinatorv1.ReturnRequest) (*coordinatorv1.ReturnResponse, error) {
+	c.count(nil, req.Items)
 	if err := c.injected(ctx, false); err != nil {
 		return nil, err
 	}

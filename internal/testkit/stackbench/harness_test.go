@@ -197,6 +197,10 @@ func TestHarness(t *testing.T) {
 		}
 		return rest.Redis.HSets-start.Redis.HSets == ops-startOps
 	})
+	// The agent counts the same operations, by rule: all of them the lease rule's.
+	if agentOps, err := stack.AgentMetric(ctx, "leasebucket_agent_store_operations_total", `rule="lease"`); err != nil || agentOps != ops {
+		t.Errorf("the agent counts %v store operations of the lease rule (%v); the coordinator %v", agentOps, err, ops)
+	}
 	if scripts, n := rest.Redis.Scripts-start.Redis.Scripts, ops-startOps; scripts > n || scripts < math.Ceil(n/redisstore.MaxBatchKeys) {
 		t.Errorf("Redis ran %v scripts for %v store operations, want between %v and as many", scripts, n, math.Ceil(n/redisstore.MaxBatchKeys))
 	}
