@@ -14,10 +14,17 @@ const (
 	Lease  Mode = "lease"  // lease: on, agents hold leases sized by demand
 	Direct Mode = "direct" // lease: off, every check one atomic take in the global bucket
 	Empty  Mode = "empty"  // no limiter: every check allowed by a handler that does nothing else
-	// Control is a second direct stack in the place of the lease stack (-stackbench.aa): its
-	// ratios to the direct stack, which does the same work, are the comparison's own noise.
+	// Control is a second direct rule beside direct and lease (-stackbench.aa): its ratios to
+	// direct, which does the same work, are the comparison's own noise.
 	Control Mode = "control"
+	// EmptyControl is a second empty handler, a process of its own (-stackbench.aa, hot-key
+	// case): its ratio to the empty handler is the noise of a comparison between two processes.
+	EmptyControl Mode = "empty-control"
 )
+
+// Bare reports whether m's runs are against an empty handler (Empty or EmptyControl): no rule,
+// no coordinator, no Redis.
+func (m Mode) Bare() bool { return m == Empty || m == EmptyControl }
 
 // Compared reports whether m's rows are compared with the direct row of their case and API.
 func (m Mode) Compared() bool { return m == Lease || m == Control }
@@ -37,10 +44,10 @@ func (m Mode) Rule() string {
 // its own route and rule (and so its own buckets) in the one policy file of a case's stack.
 func (m Mode) Route() string { return "/v1/" + m.Rule() + "/{id}" }
 
-// Path is a route of m's rule (Route): what every check of a mode-m load asks for. The empty
+// Path is a route of m's rule (Route): what every check of a mode-m load asks for. An empty
 // handler's load asks for Lease's.
 func (m Mode) Path() string {
-	if m == Empty {
+	if m.Bare() {
 		m = Lease
 	}
 	return strings.TrimSuffix(m.Route(), "{id}") + "42"

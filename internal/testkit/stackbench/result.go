@@ -187,7 +187,7 @@ func (r *Result) Report(b *testing.B) {
 	b.ReportMetric(r.Percent(Denied), "denied-%")
 	b.ReportMetric(r.Percent(Unavailable), "unavailable-%")
 	b.ReportMetric(r.Host.StealPercent(), "steal-%")
-	if r.Mode != Empty {
+	if !r.Mode.Bare() {
 		b.ReportMetric(r.CPUPerCheck(ProcCoordinator), "coord-cpu-µs/check")
 		b.ReportMetric(r.CPUPerCheck(ProcRedis), "redis-cpu-µs/check")
 		b.ReportMetric(r.TotalCPUPerCheck(), "total-cpu-µs/check")
@@ -319,7 +319,7 @@ func (s *Summary) Write(w io.Writer) {
 			q = Ratios{}
 		}
 		dash := func(v float64, format string) string {
-			if r.Mode == Empty {
+			if r.Mode.Bare() {
 				return "—"
 			}
 			return fmt.Sprintf(format, v)

@@ -192,3 +192,25 @@ func TestSummaryControl(t *testing.T) {
 		t.Errorf("the control row is not compared with direct:\n%s", out.String())
 	}
 }
+
+// TestSummaryEmptyControl: the second empty handler's row is compared with the first (×empty),
+// has no store figures, and the first has no ratio.
+func TestSummaryEmptyControl(t *testing.T) {
+	var s Summary
+	for _, r := range []struct {
+		m      Mode
+		checks int64
+	}{{Empty, 1000}, {EmptyControl, 1040}} {
+		res := Result{Case: "hot", API: Unary, Mode: r.m, Dist: Dist{Kind: Hot, N: 1}}
+		res.Wall = time.Second
+		res.Outcomes[Allowed] = r.checks
+		s.Add(res)
+	}
+	var out strings.Builder
+	s.Write(&out)
+	rows := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(rows) != 4 || !strings.HasPrefix(rows[2], "| hot | unary | empty | 1000 |") || !strings.HasSuffix(rows[2], "|  |  |  | 0 |") ||
+		!strings.HasPrefix(rows[3], "| hot | unary | empty-control | 1040 | 0 | 0 | — | — | — |") || !strings.HasSuffix(rows[3], "|  |  | 1.04 | 0 |") {
+		t.Errorf("the second empty handler's row is not compared with the first:\n%s", out.String())
+	}
+}

@@ -21,7 +21,7 @@ var (
 	measure = flag.Duration("stackbench.measure", 3*time.Second, "measured time of each run of BenchmarkStack")
 	warmup  = flag.Duration("stackbench.warmup", time.Second, "warm-up of each run of BenchmarkStack, load running, nothing counted")
 	rounds  = flag.Int("stackbench.rounds", 3, "BenchmarkStack: slices each run's measured time is cut into, the modes of a case and API taking turns")
-	aa      = flag.Bool("stackbench.aa", false, "BenchmarkStack: A/A control, a second direct rule (mode control) on the same stack beside direct and lease, its ratios to direct the comparison's own noise")
+	aa      = flag.Bool("stackbench.aa", false, "BenchmarkStack: A/A control, a second direct rule (mode control) on the same stack beside direct and lease, its ratios to direct the comparison's own noise; in the hot-key case a second empty handler too (mode empty-control)")
 )
 
 // bins are the programs the stacks run, built on first use.
@@ -84,7 +84,9 @@ var apis = []sb.API{sb.Unary, sb.Stream, sb.Envoy}
 // machine's cores. The lease rows report their ratios to the direct and empty rows, and a
 // Markdown table of every run is printed at the end. With -stackbench.aa a third rule, a second
 // direct one (mode control), takes its turns too: two rules doing the same work, whose ratios
-// show how far the comparison itself strays from 1.0 on the machine. What the metrics mean: the
+// show how far the comparison itself strays from 1.0 on the machine; and in the hot-key case a
+// second empty handler (mode empty-control), whose ratio to the first shows the same of a
+// comparison between two processes, as every ×empty figure is. What the metrics mean: the
 // README's Performance section. Run it with the default -benchtime (or 1x): each run is
 // time-bound (the first mode's sub-benchmark measures every slice but the others' last ones).
 func BenchmarkStack(b *testing.B) {
@@ -101,8 +103,14 @@ func BenchmarkStack(b *testing.B) {
 			targets := map[sb.Mode]sb.Target{}
 			keys := map[sb.Mode]*sb.Keys{}
 			if c.Keys.Kind == sb.Hot {
-				modes = append([]sb.Mode{sb.Empty}, modes...)
-				targets[sb.Empty] = sb.StartEmpty(b, bin)
+				bare := []sb.Mode{sb.Empty}
+				if *aa {
+					bare = append(bare, sb.EmptyControl)
+				}
+				for _, m := range bare {
+					targets[m] = sb.StartEmpty(b, bin)
+				}
+				modes = append(bare, modes...)
 			}
 			stack := sb.StartStack(b, bin, sb.PolicyYAML(c, rules...))
 			for i, m := range rules {
@@ -118,8 +126,10 @@ func BenchmarkStack(b *testing.B) {
 			}
 			for _, api := range apis {
 				b.Run(string(api), func(b *testing.B) {
-					if targets[sb.Empty] != nil {
-						keys[sb.Empty] = c.Keys.New(seed) // each API's empty run from the start of the draws
+					for _, m := range []sb.Mode{sb.Empty, sb.EmptyControl} {
+						if targets[m] != nil {
+							keys[m] = c.Keys.New(seed) // each API's empty runs from the start of the draws
+						}
 					}
 					n := max(1, *rounds)
 					slice := sb.Timing{Warmup: tm.Warmup, Measure: tm.Measure / time.Duration(n)}
@@ -173,7 +183,7 @@ func BenchmarkStack(b *testing.B) {
 	}
 	control := ""
 	if *aa {
-		control = "; A/A control: a second direct rule on the same stack"
+		control = "; A/A control: a second direct rule on the same stack, and a second empty handler"
 	}
 	fmt.Printf("\nStack benchmark summary: %d CPUs, GOMAXPROCS %d, %s; each run %v measured in %d slices, each after %v of warm-up, the modes taking turns; %d callers%s\n\n",
 		runtime.NumCPU(), runtime.GOMAXPROCS(0), time.Now().UTC().Format("2006-01-02"), tm.Measure, max(1, *rounds), tm.Warmup, benchLoad(sb.Unary).Callers, control)
