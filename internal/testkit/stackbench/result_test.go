@@ -171,46 +171,37 @@ func TestRatiosSpread(t *testing.T) {
 	}
 }
 
-// TestSummaryControl: the A/A control's row is compared with the direct row of its case and API,
-// as a lease row is.
-func TestSummaryControl(t *testing.T) {
+// summaryRows writes the table of one run a second per mode of modes, each allowing its checks
+// (10 µs of agent CPU a check), in case c and API a, and returns its lines.
+func summaryRows(c string, a API, d Dist, modes []Mode, checks []int64) (string, []string) {
 	var s Summary
-	for _, r := range []struct {
-		m      Mode
-		checks int64
-	}{{Direct, 1000}, {Control, 950}} {
-		res := Result{Case: "uniform-10k", API: Stream, Mode: r.m, Dist: Dist{Kind: Uniform, N: 10_000}}
+	for i, m := range modes {
+		res := Result{Case: c, API: a, Mode: m, Dist: d}
 		res.Wall = time.Second
-		res.Outcomes[Allowed] = r.checks
-		res.CPU[ProcAgent] = time.Duration(r.checks) * 10 * time.Microsecond // 10 µs a check
+		res.Outcomes[Allowed] = checks[i]
+		res.CPU[ProcAgent] = time.Duration(checks[i]) * 10 * time.Microsecond
 		s.Add(res)
 	}
 	var out strings.Builder
 	s.Write(&out)
-	rows := strings.Split(strings.TrimSpace(out.String()), "\n")
+	return out.String(), strings.Split(strings.TrimSpace(out.String()), "\n")
+}
+
+// TestSummaryControl: the A/A control's row is compared with the direct row of its case and API,
+// as a lease row is.
+func TestSummaryControl(t *testing.T) {
+	out, rows := summaryRows("uniform-10k", Stream, Dist{Kind: Uniform, N: 10_000}, []Mode{Direct, Control}, []int64{1000, 950})
 	if len(rows) != 4 || !strings.HasPrefix(rows[3], "| uniform-10k | stream | control | 950 |") || !strings.HasSuffix(rows[3], "| 0.95 | 1.00 |  | 0 |") {
-		t.Errorf("the control row is not compared with direct:\n%s", out.String())
+		t.Errorf("the control row is not compared with direct:\n%s", out)
 	}
 }
 
 // TestSummaryEmptyControl: the second empty handler's row is compared with the first (×empty),
 // has no store figures, and the first has no ratio.
 func TestSummaryEmptyControl(t *testing.T) {
-	var s Summary
-	for _, r := range []struct {
-		m      Mode
-		checks int64
-	}{{Empty, 1000}, {EmptyControl, 1040}} {
-		res := Result{Case: "hot", API: Unary, Mode: r.m, Dist: Dist{Kind: Hot, N: 1}}
-		res.Wall = time.Second
-		res.Outcomes[Allowed] = r.checks
-		s.Add(res)
-	}
-	var out strings.Builder
-	s.Write(&out)
-	rows := strings.Split(strings.TrimSpace(out.String()), "\n")
+	out, rows := summaryRows("hot", Unary, Dist{Kind: Hot, N: 1}, []Mode{Empty, EmptyControl}, []int64{1000, 1040})
 	if len(rows) != 4 || !strings.HasPrefix(rows[2], "| hot | unary | empty | 1000 |") || !strings.HasSuffix(rows[2], "|  |  |  | 0 |") ||
 		!strings.HasPrefix(rows[3], "| hot | unary | empty-control | 1040 | 0 | 0 | — | — | — |") || !strings.HasSuffix(rows[3], "|  |  | 1.04 | 0 |") {
-		t.Errorf("the second empty handler's row is not compared with the first:\n%s", out.String())
+		t.Errorf("the second empty handler's row is not compared with the first:\n%s", out)
 	}
 }
