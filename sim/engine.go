@@ -350,6 +350,12 @@ func (w *world) finish() *Result {
 			st.HotKey, st.HotKeyOps = k.name, ops
 		}
 	}
+	r.RuleOps = map[string]int64{}
+	for _, inc := range w.incs {
+		inc.lim.Stats().StoreOps(func(rule string, acquires, returns uint64) {
+			r.RuleOps[rule] += int64(acquires + returns)
+		})
+	}
 	w.finishSettled()
 	r.Latency.finish()
 	for _, g := range w.groups {

@@ -270,6 +270,9 @@ type Result struct {
 	Checks int64
 	// Settled is what costs settled after the response did (zero without such traffic).
 	Settled Settled
+	// RuleOps are the store operations the agents' calls asked for, by rule name (the agent's
+	// Stats.StoreOps, its leasebucket_agent_store_operations_total): calls that failed count too.
+	RuleOps map[string]int64
 }
 
 // Group is the decisions on one rule's keys of the checks that arrived in one region, and how

@@ -438,6 +438,45 @@ func setupMarkdown(b *strings.Builder, sc *Scenario, r *Result) {
 	b.WriteString("\n")
 }
 
+// ruleOps writes, where the scenario's checks go to more than one rule, each rule's store
+// operations per check as the agents count them (leasebucket_agent_store_operations_total over
+// decisions_total): the figure that says whether a rule's leases save anything (docs/leases.md,
+// choosing the mode of a rule). The buckets a check charges besides its rule's own count under
+// their own names, with no checks of their own.
+func ruleOps(b *strings.Builder, sc *Scenario, r *Result) {
+	rules := usedRules(sc, r)
+	if len(rules) < 2 && len(r.RuleOps) < 2 {
+		return
+	}
+	checks := map[string]int64{}
+	for _, id := range r.Identities {
+		checks[id.Rule] += id.Requests
+	}
+	b.WriteString("Store operations by rule, as the agents count them (near 1,000 per 1,000 checks a rule's leases save nothing):\n\n")
+	b.WriteString("| rule | lease | checks | store operations | per 1,000 checks |\n|---|---|--:|--:|--:|\n")
+	seen := map[string]bool{}
+	for _, rule := range rules {
+		seen[rule.Name] = true
+		mode := "on"
+		if rule.Direct {
+			mode = "off"
+		}
+		ops := r.RuleOps[rule.Name]
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %.1f |\n", code(rule.Name), mode, i64(checks[rule.Name]), i64(ops), 1000*ratio(ops, checks[rule.Name]))
+	}
+	var rest []string
+	for name := range r.RuleOps {
+		if !seen[name] {
+			rest = append(rest, name)
+		}
+	}
+	slices.Sort(rest)
+	for _, name := range rest {
+		fmt.Fprintf(b, "| %s | | — | %s | |\n", code(name), i64(r.RuleOps[name]))
+	}
+	b.WriteString("\n")
+}
+
 // usedRules are the policy rules the scenario's identities resolve to, in policy order.
 func usedRules(sc *Scenario, r *Result) []*policy.Rule {
 	seen := map[string]bool{}
@@ -568,6 +607,7 @@ func resultMarkdown(b *strings.Builder, sc *Scenario, r *Result) {
 		fmt.Fprintf(b, "| operations on the busiest key %s | %s | %.1f | |\n", code(g.HotKey), i64(g.HotKeyOps), r.PerSecond(g.HotKeyOps))
 	}
 	b.WriteString("\n")
+	ruleOps(b, sc, r)
 
 	lat := &r.Latency
 	fmt.Fprintf(b, "### Check latency\n\n%s of checks were answered at once from the agent (no modelled time); %s waited "+
