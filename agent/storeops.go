@@ -33,20 +33,11 @@ func (s *storeOps) of(rule string) *ruleOps {
 // count adds the operations of call c: an Acquire's items (its entries) and the leases it hands
 // back apart from them (its backs).
 func (s *storeOps) count(c *Call) {
-	var last *ruleOps // the keys of a call are mostly of a few rules: look a rule up once per run
-	name := ""
-	of := func(e *entry) *ruleOps {
-		if last == nil || e.rule.Name != name {
-			name = e.rule.Name
-			last = s.of(name)
-		}
-		return last
-	}
 	for _, e := range c.entries {
-		of(e).acquires.Add(1)
+		s.of(e.rule.Name).acquires.Add(1)
 	}
 	for _, e := range c.backs {
-		of(e).returns.Add(1)
+		s.of(e.rule.Name).returns.Add(1)
 	}
 }
 

@@ -3,7 +3,6 @@ package stackbench
 import (
 	"fmt"
 	"strconv"
-	"strings"
 )
 
 // Mode is how the benchmarked rule spends its global bucket.
@@ -40,9 +39,12 @@ func (m Mode) Rule() string {
 	return string(m)
 }
 
+// prefix is what the routes of mode m's rule begin with.
+func (m Mode) prefix() string { return "/v1/" + m.Rule() + "/" }
+
 // Route is the route template of mode m's rule, and Path the route its checks ask for: each mode
 // its own route and rule (and so its own buckets) in the one policy file of a case's stack.
-func (m Mode) Route() string { return "/v1/" + m.Rule() + "/{id}" }
+func (m Mode) Route() string { return m.prefix() + "{id}" }
 
 // Path is a route of m's rule (Route): what every check of a mode-m load asks for. An empty
 // handler's load asks for Lease's.
@@ -50,7 +52,7 @@ func (m Mode) Path() string {
 	if m.Bare() {
 		m = Lease
 	}
-	return strings.TrimSuffix(m.Route(), "{id}") + "42"
+	return m.prefix() + "42"
 }
 
 // Limits of the benchmarked rule, and why.

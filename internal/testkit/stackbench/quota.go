@@ -28,7 +28,7 @@ const QuotaReporting = time.Second
 // as docs/gateway.md configures a fail-closed rule.
 func quotaFilterYAML() string {
 	return envoyquota.FilterYAML("leasebucket", QuotaReporting, time.Minute,
-		envoyquota.Route{Prefix: strings.TrimSuffix(Lease.Route(), "{id}"), Template: Lease.Route()})
+		envoyquota.Route{Prefix: Lease.prefix(), Template: Lease.Route()})
 }
 
 // quotaFilters are the filters of a Quota load, each on its own connection.

@@ -126,8 +126,8 @@ func BenchmarkStack(b *testing.B) {
 			}
 			for _, api := range apis {
 				b.Run(string(api), func(b *testing.B) {
-					for _, m := range []sb.Mode{sb.Empty, sb.EmptyControl} {
-						if targets[m] != nil {
+					for _, m := range modes {
+						if m.Bare() {
 							keys[m] = c.Keys.New(seed) // each API's empty runs from the start of the draws
 						}
 					}
