@@ -212,7 +212,11 @@ func (st *checkStream) handle(dec *streamDecoder, msg []byte) error {
 	now := s.now()
 	if !s.startAll(now, slots) {
 		s.recordAll(apiStream, now, slots)
-		return st.answer(m.id, slots, nil)
+		if err := st.answer(m.id, slots, nil); err != nil {
+			return err
+		}
+		dec.release(slots) // decided, counted, audited (a copy) and encoded: nothing holds them
+		return nil
 	}
 	var later []uint32 // with partial and some checks decided: the checks that wait
 	if m.partial {

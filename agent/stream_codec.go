@@ -57,9 +57,28 @@ const (
 // streamDecoder decodes one stream's messages. Routes, operations and the busiest tenants repeat
 // from check to check: each has a table of the first checkwire.MaxShared distinct ones to share
 // (a string found there is valid UTF-8 already); the others, and idempotency keys, are allocated
-// per check.
+// per check. The slots of a message answered at once are handed back (release) and decode the
+// next message: a message whose checks all find a lease allocates no slots.
 type streamDecoder struct {
 	routes, operations, tenants checkwire.Strings
+	spare                       []slot // zeroed slots released by the last message answered at once
+}
+
+// release hands back the slots of a message nothing refers to any more (answered, its answer
+// encoded, no check waiting), zeroed so that they keep nothing alive.
+func (d *streamDecoder) release(slots []slot) {
+	clear(slots)
+	d.spare = slots[:0]
+}
+
+// slots returns n zeroed slots: the spare ones if they are enough.
+func (d *streamDecoder) slots(n int) []slot {
+	if cap(d.spare) < n {
+		return make([]slot, n)
+	}
+	s := d.spare[:n]
+	d.spare = nil
+	return s
 }
 
 // streamMessage is a decoded CheckStreamRequest.
@@ -87,7 +106,7 @@ func (d *streamDecoder) decodeCheckStream(b []byte) (m streamMessage, err error)
 	if err != nil || m.n > MaxBatchChecks {
 		return m, err
 	}
-	m.slots = make([]slot, m.n)
+	m.slots = d.slots(m.n)
 	i := 0
 	err = checkwire.ForFields(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
 		if num != streamChecksField || typ != protowire.BytesType {

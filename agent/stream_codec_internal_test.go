@@ -83,10 +83,16 @@ func FuzzDecodeCheckStream(f *testing.F) {
 		}
 		for i, c := range want.Checks {
 			q := Query{Tenant: c.Tenant, Path: c.Route, Operation: c.Operation, Cost: c.Cost, Settle: c.Settle}
-			if slots[i].q != q || slots[i].key != c.IdempotencyKey {
-				t.Fatalf("check %d: %+v key %q, want %+v key %q", i, slots[i].q, slots[i].key, q, c.IdempotencyKey)
+			if slots[i] != (slot{q: q, key: c.IdempotencyKey}) {
+				t.Fatalf("check %d: %+v key %q, want %+v key %q and nothing else", i, slots[i].q, slots[i].key, q, c.IdempotencyKey)
 			}
 		}
+		// Decided and answered at once: the next input decodes into these slots, which must
+		// not carry anything of this one's.
+		for i := range slots {
+			slots[i].v, slots[i].err, slots[i].state, slots[i].replayed = Verdict{Outcome: Deny, Remaining: 9}, ErrClosed, slotLease, true
+		}
+		d.release(slots)
 	})
 }
 
@@ -108,6 +114,21 @@ func TestDecodeCheckStreamInterns(t *testing.T) {
 	// The slots and nothing else: no tenant, route or operation string per check.
 	if n := testing.AllocsPerRun(20, func() { _, _ = d.decodeCheckStream(b) }); n != 1 {
 		t.Errorf("decoding a message of 64 checks of a known tenant and route: %v allocations, want 1 (the slots)", n)
+	}
+	// A message answered at once hands its slots back: the next one of as many checks or fewer
+	// decodes into them, one of more into new ones.
+	if n := testing.AllocsPerRun(20, func() {
+		m, _ := d.decodeCheckStream(b)
+		d.release(m.slots)
+	}); n != 0 {
+		t.Errorf("decoding messages of 64 checks, each message's slots released: %v allocations, want 0", n)
+	}
+	m.Checks = append(m.Checks, m.Checks[0])
+	if b, err = proto.Marshal(m); err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(20, func() { _, _ = d.decodeCheckStream(b) }); n != 1 {
+		t.Errorf("decoding a message of 65 checks after one of 64: %v allocations, want 1 (the slots)", n)
 	}
 	for i := range 2 * checkwire.MaxShared {
 		if _, ok := d.tenants.Get([]byte(strings.Repeat("t", i+1))); !ok {
