@@ -62,7 +62,7 @@ func batchSlots(checks []*agentv1.CheckRequest) []slot {
 	slots := make([]slot, len(checks))
 	for i, c := range checks {
 		slots[i].q = Query{Tenant: c.GetTenant(), Path: c.GetRoute(), Operation: c.GetOperation(), Cost: c.GetCost(), Settle: c.GetSettle()}
-		slots[i].key = c.GetIdempotencyKey()
+		slots[i].key, slots[i].brief = c.GetIdempotencyKey(), c.GetBrief()
 	}
 	return slots
 }
@@ -89,7 +89,7 @@ func (s *Server) answers(slots []slot) ([]*agentv1.CheckResponse, []string, erro
 			errs[i] = sl.err.Error()
 			continue
 		}
-		fillResponse(r, sl.v)
+		fillResponse(r, sl.v, sl.brief)
 		r.Replayed = sl.replayed
 	}
 	return results, errs, nil

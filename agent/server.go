@@ -143,6 +143,7 @@ const (
 type slot struct {
 	q        Query
 	key      string // idempotency key; "" for none
+	brief    bool   // an allow is answered without its RateLimit fields (CheckRequest.brief)
 	v        Verdict
 	err      error
 	state    slotState
@@ -360,13 +361,14 @@ func (s *Server) record(api string, now clock.Nanos, sl *slot) {
 
 // Check implements AgentService.Check.
 func (s *Server) Check(ctx context.Context, req *agentv1.CheckRequest) (*agentv1.CheckResponse, error) {
-	sl := [1]slot{{q: Query{Tenant: req.Tenant, Path: req.Route, Operation: req.Operation, Cost: req.Cost, Settle: req.Settle}, key: req.IdempotencyKey}}
+	sl := [1]slot{{q: Query{Tenant: req.Tenant, Path: req.Route, Operation: req.Operation, Cost: req.Cost, Settle: req.Settle}, key: req.IdempotencyKey,
+		brief: req.Brief}}
 	s.decide(ctx, apiCheck, sl[:])
 	if sl[0].err != nil {
 		return nil, s.statusError(sl[0].err)
 	}
 	resp := &agentv1.CheckResponse{}
-	fillResponse(resp, sl[0].v)
+	fillResponse(resp, sl[0].v, sl[0].brief)
 	resp.Replayed = sl[0].replayed
 	return resp, nil
 }
@@ -420,8 +422,8 @@ func invalidCheck(err error) bool {
 }
 
 // fillResponse writes a verdict in the API's units (answerOf).
-func fillResponse(resp *agentv1.CheckResponse, v Verdict) {
-	a := answerOf(v)
+func fillResponse(resp *agentv1.CheckResponse, v Verdict, brief bool) {
+	a := answerOf(v, brief)
 	resp.Decision, resp.Degraded, resp.RetryAfterMs = a.decision, a.degraded, a.retryAfterMs
 	resp.Remaining, resp.Limit, resp.WindowMs, resp.ResetMs = a.remaining, a.limit, a.windowMs, a.resetMs
 	resp.Rule, resp.ShadowDeny, resp.SettleId = a.rule, a.shadowDeny, a.settleID
@@ -438,7 +440,9 @@ type answer struct {
 
 // answerOf is a verdict in the API's units: whole tokens (rounded down), milliseconds
 // (Retry-After rounded up, so a client that waits that long is not denied again for the rounding).
-func answerOf(v Verdict) answer {
+// With brief, an allow has no RateLimit fields (remaining, limit, window, reset): its caller
+// reads none of them, and they are neither worked out nor sent.
+func answerOf(v Verdict, brief bool) answer {
 	var a answer
 	switch v.Outcome {
 	case Allow:
@@ -457,7 +461,7 @@ func answerOf(v Verdict) answer {
 	if v.Rule != nil {
 		a.rule = v.Rule.Name
 	}
-	if v.Limits == nil {
+	if v.Limits == nil || (brief && v.Outcome == Allow) {
 		return a
 	}
 	rem := min(max(v.Remaining, 0), v.Limits.Bucket.Capacity())

@@ -40,6 +40,7 @@ const (
 	checkCostField      = checkwire.CheckCostField
 	checkIdemKeyField   = checkwire.CheckIdemKeyField
 	checkSettleField    = checkwire.CheckSettleField
+	checkBriefField     = checkwire.CheckBriefField
 
 	respDecisionField   = checkwire.RespDecisionField
 	respDegradedField   = checkwire.RespDegradedField
@@ -130,6 +131,8 @@ func (d *streamDecoder) decodeCheck(b []byte, sl *slot) error {
 				sl.q.Cost = int64(x)
 			case checkSettleField:
 				sl.q.Settle = x != 0
+			case checkBriefField:
+				sl.brief = x != 0
 			}
 			return nil
 		}
@@ -185,7 +188,7 @@ func (s *Server) appendStreamAnswer(b []byte, id uint64, slots []slot, idx []uin
 			b = append(b, 0) // an empty result
 			continue
 		}
-		b = appendAnswer(b, answerOf(sl.v), sl.replayed)
+		b = appendAnswer(b, answerOf(sl.v, sl.brief), sl.replayed)
 	}
 	if someError { // else no errors list: no check answered has an error
 		for k := range n {

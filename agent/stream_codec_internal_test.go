@@ -27,7 +27,7 @@ func FuzzDecodeCheckStream(f *testing.F) {
 		f.Add(b)
 	}
 	seed(&agentv1.CheckStreamRequest{Id: 7, Partial: true, Checks: []*agentv1.CheckRequest{
-		{Tenant: "acme", Route: "/api/orders/1", Operation: "GET", Cost: 3, IdempotencyKey: "k-1", Settle: true},
+		{Tenant: "acme", Route: "/api/orders/1", Operation: "GET", Cost: 3, IdempotencyKey: "k-1", Settle: true, Brief: true},
 		{Tenant: "b", Route: "/api/orders/1", Operation: "GET", Cost: -1},
 		{},
 	}})
@@ -83,7 +83,7 @@ func FuzzDecodeCheckStream(f *testing.F) {
 		}
 		for i, c := range want.Checks {
 			q := Query{Tenant: c.Tenant, Path: c.Route, Operation: c.Operation, Cost: c.Cost, Settle: c.Settle}
-			if slots[i] != (slot{q: q, key: c.IdempotencyKey}) {
+			if slots[i] != (slot{q: q, key: c.IdempotencyKey, brief: c.Brief}) {
 				t.Fatalf("check %d: %+v key %q, want %+v key %q and nothing else", i, slots[i].q, slots[i].key, q, c.IdempotencyKey)
 			}
 		}
@@ -144,14 +144,16 @@ func TestDecodeCheckStreamInterns(t *testing.T) {
 }
 
 // FuzzStreamAnswer: appendStreamAnswer writes the bytes proto.Marshal writes for the message
-// answers builds, for any verdicts, replays and errors, answering every check or (errKind/3 a
-// nonzero mask of the three) some of them with their indexes.
+// answers builds, for any verdicts, replays and errors, answering every check or (errKind/3%8 a
+// nonzero mask of the three) some of them with their indexes, the checks errKind/24 names sent
+// brief.
 func FuzzStreamAnswer(f *testing.F) {
 	f.Add(uint64(7), uint8(1), false, uint64(0), false, int64(0), uint8(3), int64(50), false, uint8(0))
 	f.Add(uint64(0), uint8(2), true, uint64(9), true, int64(1500), uint8(200), int64(-5), true, uint8(1))
 	f.Add(uint64(1<<63), uint8(3), false, uint64(1), false, int64(time.Hour), uint8(0), int64(1<<40), false, uint8(2))
 	f.Add(uint64(5), uint8(1), false, uint64(0), false, int64(0), uint8(3), int64(50), false, uint8(3*5+1))
 	f.Add(uint64(5), uint8(2), false, uint64(0), false, int64(0), uint8(3), int64(50), false, uint8(3*4+2))
+	f.Add(uint64(5), uint8(1), false, uint64(0), false, int64(0), uint8(3), int64(50), false, uint8(24*5))
 	lim, err := bucket.NewLimit(100*bucket.PerToken, 10*bucket.PerToken, 1000)
 	if err != nil {
 		f.Fatal(err)
@@ -170,7 +172,8 @@ func FuzzStreamAnswer(f *testing.F) {
 			if i != 1 {
 				v.Limits = limits
 			}
-			slots[i] = slot{v: v, replayed: replayed && i == 0}
+			// errKind/24, a mask of the three: the checks sent brief
+			slots[i] = slot{v: v, replayed: replayed && i == 0, brief: (errKind/24)&(1<<i) != 0}
 		}
 		switch errKind % 3 {
 		case 1:

@@ -37,6 +37,7 @@ const (
 	CheckCostField      = 4 // CheckRequest.cost
 	CheckIdemKeyField   = 5 // CheckRequest.idempotency_key
 	CheckSettleField    = 6 // CheckRequest.settle
+	CheckBriefField     = 7 // CheckRequest.brief
 
 	RespDecisionField   = 1  // CheckResponse.decision
 	RespDegradedField   = 2  // CheckResponse.degraded
@@ -130,6 +131,7 @@ type Check struct {
 	Cost           int64
 	IdempotencyKey string
 	Settle         bool
+	Brief          bool // an allow is answered without its RateLimit fields
 }
 
 // AppendRequest appends the CheckStreamRequest of message id with checks to b, the bytes
@@ -154,6 +156,9 @@ func appendCheck(b []byte, c *Check) []byte {
 	if c.Settle {
 		size += varintSize(CheckSettleField, 1)
 	}
+	if c.Brief {
+		size += varintSize(CheckBriefField, 1)
+	}
 	b = AppendTag(b, StreamChecksField, protowire.BytesType)
 	b = AppendVarint(b, uint64(size))
 	b = appendStringField(b, CheckTenantField, c.Tenant)
@@ -163,6 +168,9 @@ func appendCheck(b []byte, c *Check) []byte {
 	b = appendStringField(b, CheckIdemKeyField, c.IdempotencyKey)
 	if c.Settle {
 		b = appendVarintField(b, CheckSettleField, 1)
+	}
+	if c.Brief {
+		b = appendVarintField(b, CheckBriefField, 1)
 	}
 	return b
 }

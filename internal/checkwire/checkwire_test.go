@@ -33,6 +33,7 @@ func TestFieldNumbers(t *testing.T) {
 		{resp, "indexes", StreamIndexesField},
 		{check, "tenant", CheckTenantField}, {check, "route", CheckRouteField}, {check, "operation", CheckOperationField},
 		{check, "cost", CheckCostField}, {check, "idempotency_key", CheckIdemKeyField}, {check, "settle", CheckSettleField},
+		{check, "brief", CheckBriefField},
 		{answer, "decision", RespDecisionField}, {answer, "degraded", RespDegradedField},
 		{answer, "retry_after_ms", RespRetryAfterField}, {answer, "remaining", RespRemainingField},
 		{answer, "limit", RespLimitField}, {answer, "window_ms", RespWindowField}, {answer, "reset_ms", RespResetField},
@@ -47,7 +48,7 @@ func TestFieldNumbers(t *testing.T) {
 	for _, m := range []struct {
 		msg  protoreflect.MessageDescriptor
 		last protowire.Number
-	}{{req, StreamPartialField}, {resp, StreamIndexesField}, {check, CheckSettleField}, {answer, RespSettleIDField}} {
+	}{{req, StreamPartialField}, {resp, StreamIndexesField}, {check, CheckBriefField}, {answer, RespSettleIDField}} {
 		if n := m.msg.Fields().Len(); n != int(m.last) {
 			t.Errorf("%s has %d fields; the package knows %d", m.msg.Name(), n, m.last)
 		}
@@ -73,7 +74,7 @@ func randomChecks(r *rand.Rand, n int) []Check {
 	}
 	checks := make([]Check, n)
 	for i := range checks {
-		checks[i] = Check{Tenant: str(), Route: str(), Operation: str(), Cost: num(), IdempotencyKey: str(), Settle: r.IntN(2) == 0}
+		checks[i] = Check{Tenant: str(), Route: str(), Operation: str(), Cost: num(), IdempotencyKey: str(), Settle: r.IntN(2) == 0, Brief: r.IntN(2) == 0}
 	}
 	return checks
 }
@@ -89,7 +90,7 @@ func TestAppendRequestBytes(t *testing.T) {
 		m := &agentv1.CheckStreamRequest{Id: id, Partial: partial}
 		for _, c := range checks {
 			m.Checks = append(m.Checks, &agentv1.CheckRequest{Tenant: c.Tenant, Route: c.Route, Operation: c.Operation,
-				Cost: c.Cost, IdempotencyKey: c.IdempotencyKey, Settle: c.Settle})
+				Cost: c.Cost, IdempotencyKey: c.IdempotencyKey, Settle: c.Settle, Brief: c.Brief})
 		}
 		want, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
 		if err != nil {
@@ -244,9 +245,9 @@ func FuzzDecodeAnswer(f *testing.F) {
 
 // FuzzAppendRequest: what AppendRequest writes, proto.Unmarshal reads back as the same message.
 func FuzzAppendRequest(f *testing.F) {
-	f.Add(uint64(7), "acme", "/api/x", "GET", int64(2), "k", true, true, 3)
-	f.Add(uint64(0), "", "", "", int64(-1), "", false, false, 0)
-	f.Fuzz(func(t *testing.T, id uint64, tenant, route, op string, cost int64, key string, settle, partial bool, n int) {
+	f.Add(uint64(7), "acme", "/api/x", "GET", int64(2), "k", true, true, true, 3)
+	f.Add(uint64(0), "", "", "", int64(-1), "", false, false, false, 0)
+	f.Fuzz(func(t *testing.T, id uint64, tenant, route, op string, cost int64, key string, settle, brief, partial bool, n int) {
 		for _, s := range []string{tenant, route, op, key} {
 			if !utf8.ValidString(s) {
 				return // a caller checks its strings first (proto3 strings are UTF-8)
@@ -254,7 +255,7 @@ func FuzzAppendRequest(f *testing.F) {
 		}
 		checks := make([]Check, n&7)
 		for i := range checks {
-			checks[i] = Check{Tenant: tenant, Route: route, Operation: op, Cost: cost + int64(i), IdempotencyKey: key, Settle: settle}
+			checks[i] = Check{Tenant: tenant, Route: route, Operation: op, Cost: cost + int64(i), IdempotencyKey: key, Settle: settle, Brief: brief}
 		}
 		var got agentv1.CheckStreamRequest
 		if err := proto.Unmarshal(AppendRequest(nil, id, checks, partial), &got); err != nil {
@@ -266,7 +267,7 @@ func FuzzAppendRequest(f *testing.F) {
 		for i, c := range got.Checks {
 			w := checks[i]
 			if c.Tenant != w.Tenant || c.Route != w.Route || c.Operation != w.Operation || c.Cost != w.Cost ||
-				c.IdempotencyKey != w.IdempotencyKey || c.Settle != w.Settle {
+				c.IdempotencyKey != w.IdempotencyKey || c.Settle != w.Settle || c.Brief != w.Brief {
 				t.Fatalf("check %d read as %v, want %+v", i, c, w)
 			}
 		}

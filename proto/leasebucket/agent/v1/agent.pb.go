@@ -91,7 +91,11 @@ type CheckRequest struct {
 	IdempotencyKey string `protobuf:"bytes,5,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	// The cost is an estimate, to be settled with the actual cost once the response is done: an
 	// allowed check's answer carries a settle_id for Settle.
-	Settle        bool `protobuf:"varint,6,opt,name=settle,proto3" json:"settle,omitempty"`
+	Settle bool `protobuf:"varint,6,opt,name=settle,proto3" json:"settle,omitempty"`
+	// The caller reads none of the RateLimit fields of an allow (it sends no RateLimit headers for
+	// this check): if the check is allowed, its answer leaves out remaining, limit, window_ms and
+	// reset_ms (zero). A deny or unavailable answer is complete whatever brief says.
+	Brief         bool `protobuf:"varint,7,opt,name=brief,proto3" json:"brief,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -164,6 +168,13 @@ func (x *CheckRequest) GetIdempotencyKey() string {
 func (x *CheckRequest) GetSettle() bool {
 	if x != nil {
 		return x.Settle
+	}
+	return false
+}
+
+func (x *CheckRequest) GetBrief() bool {
+	if x != nil {
+		return x.Brief
 	}
 	return false
 }
@@ -686,14 +697,15 @@ var File_leasebucket_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_leasebucket_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	" leasebucket/agent/v1/agent.proto\x12\x14leasebucket.agent.v1\"\xaf\x01\n" +
+	" leasebucket/agent/v1/agent.proto\x12\x14leasebucket.agent.v1\"\xc5\x01\n" +
 	"\fCheckRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
 	"\x05route\x18\x02 \x01(\tR\x05route\x12\x1c\n" +
 	"\toperation\x18\x03 \x01(\tR\toperation\x12\x12\n" +
 	"\x04cost\x18\x04 \x01(\x03R\x04cost\x12'\n" +
 	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\x12\x16\n" +
-	"\x06settle\x18\x06 \x01(\bR\x06settle\"\xe7\x02\n" +
+	"\x06settle\x18\x06 \x01(\bR\x06settle\x12\x14\n" +
+	"\x05brief\x18\a \x01(\bR\x05brief\"\xe7\x02\n" +
 	"\rCheckResponse\x12:\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x1e.leasebucket.agent.v1.DecisionR\bdecision\x12\x1a\n" +
 	"\bdegraded\x18\x02 \x01(\bR\bdegraded\x12$\n" +
