@@ -328,3 +328,24 @@ func TestRealAgentSettle(t *testing.T) {
 		}
 	}
 }
+
+// TestRealAgentBrief: on the stream and unary, an allowed check sent Brief has no RateLimit
+// fields and keeps its rule; the same check not Brief has them all.
+func TestRealAgentBrief(t *testing.T) {
+	socket := startAgent(t)
+	for _, unary := range []bool{true, false} {
+		c := newClient(t, socket, client.Options{Unary: unary})
+		req := client.Request{Tenant: fmt.Sprintf("brief-%v", unary), Route: "/orders/7", Operation: "GET", Brief: true}
+		res, err := c.Check(ctxTimeout(t, 5*time.Second), req)
+		if err != nil || res.Decision != client.Allow || res.Rule != "orders-read" ||
+			res.Remaining != 0 || res.Limit != 0 || res.Window != 0 || res.Reset != 0 {
+			t.Errorf("unary=%v: brief check = %+v, %v; want allowed by orders-read without RateLimit fields", unary, res, err)
+		}
+		req.Brief = false
+		res, err = c.Check(ctxTimeout(t, 5*time.Second), req)
+		if err != nil || res.Decision != client.Allow || res.Rule != "orders-read" ||
+			res.Remaining <= 0 || res.Limit != 100 || res.Window != time.Minute || res.Reset <= 0 {
+			t.Errorf("unary=%v: check = %+v, %v; want allowed by orders-read, 100 a minute, with what remains", unary, res, err)
+		}
+	}
+}

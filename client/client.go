@@ -144,6 +144,11 @@ type Request struct {
 	// Settle: Cost is an estimate; an allowed check's Result.SettleID is then passed to Settle
 	// with the actual cost once the response is done.
 	Settle bool
+	// Brief: the caller reads none of Result's RateLimit fields (Remaining, Limit, Window,
+	// Reset) of an allow, for a response that carries no RateLimit headers: an allowed check's
+	// Result has them zero, and its answer is smaller and cheaper for both ends. A denied or
+	// unavailable check's Result is complete.
+	Brief bool
 }
 
 // Result is a decision with what the agent knows about the bucket that made it.
@@ -427,7 +432,7 @@ func (c *Client) observe(err error) {
 func (c *Client) unaryCheck(ctx context.Context, req Request) (Result, error) {
 	c.unary.Add(1)
 	resp, err := c.api.Check(ctx, &agentv1.CheckRequest{Tenant: req.Tenant, Route: req.Route, Operation: req.Operation,
-		Cost: req.Cost, IdempotencyKey: req.IdempotencyKey, Settle: req.Settle})
+		Cost: req.Cost, IdempotencyKey: req.IdempotencyKey, Settle: req.Settle, Brief: req.Brief})
 	if err != nil {
 		return Result{}, c.callError(ctx, err)
 	}
