@@ -232,7 +232,11 @@ func (f *Filter) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		}
 		tenant = f.cfg.Anonymous
 	}
-	req := client.Request{Tenant: tenant, Route: path, Operation: op, Cost: f.cfg.Cost(r), IdempotencyKey: f.idempotencyKey(r), Settle: f.cfg.SettleCosts}
+	// A rule without headers: an allow's RateLimit fields would not be read, so the agent leaves
+	// them out (a smaller answer, cheaper for both ends). Should the agent decide by a rule with
+	// headers on (the two between reloads), the answer has no window and headersAllowed says no.
+	req := client.Request{Tenant: tenant, Route: path, Operation: op, Cost: f.cfg.Cost(r), IdempotencyKey: f.idempotencyKey(r),
+		Settle: f.cfg.SettleCosts, Brief: !rule.Headers}
 	ctx, cancel := context.WithTimeout(r.Context(), f.cfg.Timeout)
 	start := time.Now()
 	res, err := f.cfg.Checker.Check(ctx, req)

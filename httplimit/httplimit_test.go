@@ -207,10 +207,11 @@ func TestCheckRequest(t *testing.T) {
 	h.do("POST", "/orders", "acme", "Idempotency-Key", "k-1", "Idempotency-Key", "k-2") // twice: ignored
 	h.do("POST", "/orders", "acme", "Idempotency-Key", strings.Repeat("k", 300))        // too long: ignored
 	want := []client.Request{
-		{Tenant: "acme", Route: "/files/a%2Fb", Operation: "GET"},
-		{Tenant: "acme", Route: "/orders", Operation: "POST", Cost: 5, IdempotencyKey: "k-1"},
-		{Tenant: "acme", Route: "/orders", Operation: "POST"},
-		{Tenant: "acme", Route: "/orders", Operation: "POST"},
+		// Brief: none of these rules has headers on.
+		{Tenant: "acme", Route: "/files/a%2Fb", Operation: "GET", Brief: true},
+		{Tenant: "acme", Route: "/orders", Operation: "POST", Cost: 5, IdempotencyKey: "k-1", Brief: true},
+		{Tenant: "acme", Route: "/orders", Operation: "POST", Brief: true},
+		{Tenant: "acme", Route: "/orders", Operation: "POST", Brief: true},
 	}
 	got := h.chk.requests()
 	if len(got) != len(want) {
@@ -233,7 +234,7 @@ func TestCheckRequest(t *testing.T) {
 	})
 	h.chk.set(client.Result{Decision: client.Allow, Rule: "orders-export"}, nil)
 	h.do("GET", "/orders?export", "acme", "Idempotency-Key", "k-1")
-	if got := h.chk.requests(); got[0] != (client.Request{Tenant: "acme", Route: "/orders", Operation: "export"}) {
+	if got := h.chk.requests(); got[0] != (client.Request{Tenant: "acme", Route: "/orders", Operation: "export", Brief: true}) {
 		t.Errorf("check = %+v, want operation export and no idempotency key", got[0])
 	}
 }
@@ -399,6 +400,19 @@ func TestRateLimitHeaders(t *testing.T) {
 				t.Error("a partition key in the RateLimit fields")
 			}
 		})
+	}
+}
+
+// TestBriefWithoutHeaders: a check for a rule with headers off is sent Brief (its allow's
+// RateLimit fields would not be read); one for a rule with headers on is not.
+func TestBriefWithoutHeaders(t *testing.T) {
+	h := newHarness(t, nil)
+	h.chk.set(client.Result{Decision: client.Allow, Rule: "orders-read", Limit: 100, Window: time.Minute, Remaining: 19}, nil)
+	h.do("GET", "/orders/7", "acme")  // orders-read: headers on
+	h.do("POST", "/orders/7", "acme") // orders-write: headers off
+	reqs := h.chk.requests()
+	if len(reqs) != 2 || reqs[0].Brief || !reqs[1].Brief {
+		t.Fatalf("checks sent %+v; want orders-read's not brief, orders-write's brief", reqs)
 	}
 }
 
