@@ -517,7 +517,8 @@ func (l *Load) send(a *Agent, req request) Record {
 		rec.Recv = l.s.Since()
 		envoyOutcome(&rec, resp, err)
 	case req.stream:
-		res, err := a.Stream.Check(ctx, client.Request{Tenant: req.tenant, Route: req.path, Operation: req.op, Cost: req.cost})
+		// Brief, as the gateway sends a check of a rule without headers: the decision is the same.
+		res, err := a.Stream.Check(ctx, client.Request{Tenant: req.tenant, Route: req.path, Operation: req.op, Cost: req.cost, Brief: true})
 		rec.Recv = l.s.Since()
 		streamOutcome(&rec, res, err)
 		rule = res.Rule
