@@ -53,6 +53,9 @@ type Load struct {
 	Linger   time.Duration // Stream: longest wait for more checks under load (0: none)
 	Envoys   int           // Quota: Envoy-faithful filters, each its own connection, the callers spread evenly over them
 	Pause    time.Duration // Quota: each caller's pause after a request (its client's think time; 0: none)
+	// Brief (Unary, Stream): checks are sent brief, as the gateway (httplimit) sends them for a
+	// rule with RateLimit headers off: an allow is answered without its RateLimit fields.
+	Brief bool
 }
 
 // Outcome is what a check got.
@@ -224,7 +227,7 @@ func (r *Runner) Stop() Window {
 
 func (r *Runner) unary(c *caller, next func() int) {
 	client := agentv1.NewAgentServiceClient(r.conn)
-	req := &agentv1.CheckRequest{Route: r.load.Path, Operation: Operation}
+	req := &agentv1.CheckRequest{Route: r.load.Path, Operation: Operation, Brief: r.load.Brief}
 	for r.ctx.Err() == nil {
 		req.Tenant = r.keys.Tenant(next())
 		t0 := time.Now()
@@ -336,7 +339,7 @@ func (s *checkStream) fail(err error) {
 }
 
 func (r *Runner) stream(c *caller, s *checkStream, next func() int) {
-	p := &pending{req: checkwire.Check{Route: r.load.Path, Operation: Operation}, done: make(chan answer, 1)}
+	p := &pending{req: checkwire.Check{Route: r.load.Path, Operation: Operation, Brief: r.load.Brief}, done: make(chan answer, 1)}
 	for r.ctx.Err() == nil {
 		p.req.Tenant = r.keys.Tenant(next())
 		t0 := time.Now()

@@ -21,6 +21,7 @@ var (
 	measure = flag.Duration("stackbench.measure", 3*time.Second, "measured time of each run of BenchmarkStack")
 	warmup  = flag.Duration("stackbench.warmup", time.Second, "warm-up of each run of BenchmarkStack, load running, nothing counted")
 	rounds  = flag.Int("stackbench.rounds", 3, "BenchmarkStack: slices each run's measured time is cut into, the modes of a case and API taking turns")
+	full    = flag.Bool("stackbench.full", false, "BenchmarkStack: native checks not sent brief, their allows answered with every RateLimit field (as for a rule with RateLimit headers on)")
 	aa      = flag.Bool("stackbench.aa", false, "BenchmarkStack: A/A control, a second direct rule (mode control) on the same stack beside direct and lease, its ratios to direct the comparison's own noise; in the hot-key case a second empty handler too (mode empty-control)")
 )
 
@@ -53,9 +54,10 @@ func binaries(tb testing.TB) sb.Binaries {
 // a cold check waits a round trip to Redis through a coordinator, and 64 of them give the agent
 // refills to batch. Streams: one stream, batched as the Go client package batches with its
 // defaults (at most 128 checks a message, a 50 µs linger under load), so a message carries what
-// the callers have queued.
+// the callers have queued. Native checks are sent brief, as the gateway sends them for the
+// benchmark policy's rules (RateLimit headers off), unless -stackbench.full.
 func benchLoad(api sb.API) sb.Load {
-	return sb.Load{API: api, Callers: 64, Streams: 1, MaxBatch: client.DefaultMaxBatch, Linger: client.DefaultLinger}
+	return sb.Load{API: api, Callers: 64, Streams: 1, MaxBatch: client.DefaultMaxBatch, Linger: client.DefaultLinger, Brief: !*full}
 }
 
 // benchSetup is what a whole-stack benchmark needs first: Redis, the programs, the timing of a run.
