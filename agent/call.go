@@ -465,17 +465,22 @@ func (l *Limiter) resendable(batch []*entry) (seq uint64, sentAt clock.Nanos, re
 // sampleDemandLocked updates the entry's demand estimate (µ per second) from what it consumed
 // since the last sample — the level then, plus what was granted, minus what was handed back,
 // minus the level now — and what its checks were refused over the limit. A sample spans at least
-// lease.MinSample: refills that come sooner leave it open and accumulating.
+// lease.MinSample: refills that come sooner leave it open and accumulating. It returns the demand
+// to report (lease.Servable): none for a key whose samples come on a regular period longer than
+// its leases live, under a request per lifetime, as a key colder than its leases samples once per
+// check and would only let the ample want's rounded-up request lapse.
 func (l *Limiter) sampleDemandLocked(now clock.Nanos, e *entry) bucket.Micro {
 	level := bucket.Micro(e.tokens.Load()) + e.s().next.tokens
+	ttl := lease.TTL(e.lim.Bucket)
 	switch elapsed := (now - e.sampledAt).Duration(); {
 	case !e.sampled:
 		e.acct, e.sampledAt, e.sampled = level, now, true
 	case elapsed >= lease.MinSample:
 		e.demand.Observe(max(0, e.acct-level)+e.refused, elapsed)
+		e.gaps.Observe(elapsed, ttl)
 		e.acct, e.sampledAt, e.refused = level, now, 0
 	}
-	return e.demand.Rate()
+	return lease.Servable(e.demand.Rate(), e.unit, &e.gaps, ttl)
 }
 
 func (l *Limiter) ref(v *view, e *entry) *coordinatorv1.BucketRef {

@@ -62,12 +62,16 @@ type entry struct {
 	refused   bucket.Micro
 	sampledAt clock.Nanos
 	sampled   bool
-	queued    bool   // in the Limiter's refill queue
-	inflight  bool   // an Acquire for this entry is out
-	backed    bool   // in the Limiter's hand-back queue
-	returning bool   // a hand-back of this key is out in a call: the next waits for its answer (the store would find it stale if it overtook this one)
-	armed     bool   // in its shard's armed list: the expiry sweep visits it (unlock arms it)
-	fail      *fails // nil until a refill of this key fails
+	queued    bool // in the Limiter's refill queue
+	inflight  bool // an Acquire for this entry is out
+	backed    bool // in the Limiter's hand-back queue
+	returning bool // a hand-back of this key is out in a call: the next waits for its answer (the store would find it stale if it overtook this one)
+	armed     bool // in its shard's armed list: the expiry sweep visits it (unlock arms it)
+	// gaps between the demand samples (two bytes, in the padding): a key checked on a regular
+	// period longer than its leases live reports no demand under a request per lifetime
+	// (lease.Servable)
+	gaps lease.Gaps
+	fail *fails // nil until a refill of this key fails
 	// links are the entries a check of this key's route charges besides it (charges.go), found
 	// once and kept while they live; nil for most keys.
 	links atomic.Pointer[chargeLinks]

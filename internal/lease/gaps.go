@@ -1,0 +1,74 @@
+package lease
+
+import (
+	"math"
+	"time"
+
+	"github.com/leasebucket/leasebucket/internal/bucket"
+)
+
+// Gaps tells whether a key asks for tokens on a regular period longer than its leases live: the
+// gaps between an agent's demand samples of the key, a key colder than its leases sampling once
+// per check.
+//
+// It exists for one case of the grant rule. The ample want's request rounded up (Size) serves a
+// key's next check if that comes within the lease's lifetime, which a key checked at random does
+// with probability 1 − e^(−λτ): worth it, as a take saved costs some fifty times what a request
+// that lapses does. A key checked on a fixed period longer than τ, a client polling, never finds
+// it: the request lapses unspent every time (no store operation, but work in every tier).
+//
+// It keeps two bytes (every key of an agent's table has them): the last gap, on a log scale of
+// an eighth of a doubling (9 %) per step, and how many gaps in a row were longer than the lease
+// lived and like the one before.
+type Gaps struct {
+	prev uint8 // the last gap's code (gapCode); 0 before the first
+	run  uint8 // gaps in a row, up to 255, over τ by gapMargin and within gapLike of the one before
+}
+
+const (
+	// RegularGaps is how many such gaps in a row make a key regular: three pairs of gaps alike,
+	// which exponential gaps (a key checked at random) show about once in a thousand.
+	RegularGaps = 3
+	// gapMargin is how far a gap must exceed τ to count, in codes (two: 19 %), so that the next,
+	// alike within gapLike, still comes after the lease lapsed.
+	gapMargin = 2
+	// gapLike is how far a gap may be from the one before and count as alike, in codes (19 %).
+	gapLike = 2
+)
+
+// gapCode is d on the log scale: 8·log2(d in ms), rounded, within 1..255 (1 ms to 49 days).
+func gapCode(d time.Duration) int {
+	ms := float64(d) / float64(time.Millisecond)
+	if ms <= 1 {
+		return 1
+	}
+	return int(min(255, math.Round(8*math.Log2(ms))))
+}
+
+// Observe adds one gap between samples of a key whose leases live ttl.
+func (g *Gaps) Observe(gap, ttl time.Duration) {
+	c := gapCode(gap)
+	d := c - int(g.prev)
+	if g.prev != 0 && c >= gapCode(ttl)+gapMargin && d >= -gapLike && d <= gapLike {
+		g.run = min(g.run+1, 255)
+	} else {
+		g.run = 0
+	}
+	g.prev = uint8(c)
+}
+
+// Regular reports whether the key's last RegularGaps gaps were alike and longer than its leases
+// live.
+func (g *Gaps) Regular() bool { return g.run >= RegularGaps }
+
+// Servable is the demand (µ per second) an agent reports for a key of rate demand whose leases
+// live ttl and hold requests of unit: its rate, or 0 for a regular key (Gaps.Regular) whose
+// demand over a lifetime is under one request. Such a key's next check always comes after the
+// lease has lapsed, so its ample want holds no request beyond what its check needs; a key whose
+// demand fills a request per lifetime reports it whatever its gaps.
+func Servable(demand, unit bucket.Micro, g *Gaps, ttl time.Duration) bucket.Micro {
+	if g.Regular() && overLifetime(demand, ttl) < unit {
+		return 0
+	}
+	return demand
+}
