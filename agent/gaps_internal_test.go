@@ -5,33 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
-	"github.com/leasebucket/leasebucket/internal/lease"
 	"github.com/leasebucket/leasebucket/policy"
 )
-
-// answerAmple answers call c as a coordinator whose bucket of lim stays ample: each refill gets
-// the grant rule's ample want (requests of cost) for the lease's lifetime, each hand-back a full
-// credit.
-func answerAmple(tb testing.TB, l *Limiter, now clock.Nanos, lim bucket.Limit, cost bucket.Micro, c *Call) {
-	tb.Helper()
-	r := answerAll(c, 0)
-	if c.Acquire != nil {
-		for i, it := range c.Acquire.Items {
-			p, err := lease.Size(lim, cost, false, lease.Ask{Needed: bucket.Micro(it.NeededMicro), Least: bucket.Micro(it.MinMicro),
-				Demand: bucket.Micro(it.DemandMicroPerSecond)})
-			if err != nil {
-				tb.Fatal(err)
-			}
-			res := r.Acquire.Results[i]
-			res.GrantedMicro, res.TtlMs, res.GrantedAtMs = int64(p.AmpleWant), p.TTL.Milliseconds(), int64(now/clock.Nanos(time.Millisecond))
-		}
-	}
-	if err := l.Apply(now, c, r); err != nil {
-		tb.Fatal(err)
-	}
-}
 
 // TestRegularKeyReportsNoDemand: a key checked every 0.8 s (±5 %), colder than its 250 ms leases,
 // asks for a refill at each check and, from its fifth on, reports no demand, so its ample want is
@@ -51,15 +27,7 @@ default:
 	if err != nil {
 		t.Fatal(err)
 	}
-	route, err := set.Match("/api/x", "GET")
-	if err != nil {
-		t.Fatal(err)
-	}
-	limits, err := set.Limits(route, "t", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cost := bucket.Micro(set.Cost(route)) * bucket.PerToken
+	limit, cost := routeBucket(t, set, "/api/x", "GET", "acme")
 	r := rand.New(rand.NewPCG(3, 4))
 	for _, tc := range []struct {
 		name    string
@@ -92,7 +60,7 @@ default:
 							}
 						}
 					}
-					answerAmple(t, l, now, limits.Bucket, cost, c)
+					answerSized(t, l, now, limit, cost, c, true) // the bucket stays ample
 				}
 				if got := v.Ticket.Verdict(); got.Outcome != Allow {
 					t.Fatalf("check %d: %v, want allowed by its refill", i, got.Outcome)

@@ -2,9 +2,12 @@ package agent
 
 import (
 	"testing"
+	"time"
 
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
+	"github.com/leasebucket/leasebucket/internal/lease"
+	"github.com/leasebucket/leasebucket/policy"
 	coordinatorv1 "github.com/leasebucket/leasebucket/proto/leasebucket/coordinator/v1"
 )
 
@@ -60,4 +63,45 @@ func handedBack(t testing.TB, l *Limiter, now clock.Nanos) (leases int, micro in
 		}
 	}
 	return leases, micro
+}
+
+// routeBucket is the bucket limit of tenant's key on the route set matches path and op to, and one
+// request's cost on it in µ.
+func routeBucket(tb testing.TB, set *policy.Set, path, op, tenant string) (bucket.Limit, bucket.Micro) {
+	tb.Helper()
+	route, err := set.Match(path, op)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	limits, err := set.Limits(route, tenant, "")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return limits.Bucket, bucket.Micro(set.Cost(route)) * bucket.PerToken
+}
+
+// answerSized answers call c as a coordinator with a bucket of lim that never runs low would: each
+// refill granted what the grant rule sizes (requests of cost; its ample want with ample) for the
+// lease's lifetime, each hand-back credited in full.
+func answerSized(tb testing.TB, l *Limiter, now clock.Nanos, lim bucket.Limit, cost bucket.Micro, c *Call, ample bool) {
+	tb.Helper()
+	r := answerAll(c, 0)
+	if c.Acquire != nil {
+		for i, it := range c.Acquire.Items {
+			p, err := lease.Size(lim, cost, false, lease.Ask{Needed: bucket.Micro(it.NeededMicro), Least: bucket.Micro(it.MinMicro),
+				Demand: bucket.Micro(it.DemandMicroPerSecond)})
+			if err != nil {
+				tb.Fatal(err)
+			}
+			size := p.Want
+			if ample {
+				size = p.AmpleWant
+			}
+			res := r.Acquire.Results[i]
+			res.GrantedMicro, res.TtlMs, res.GrantedAtMs = int64(size), p.TTL.Milliseconds(), int64(now/clock.Nanos(time.Millisecond))
+		}
+	}
+	if err := l.Apply(now, c, r); err != nil {
+		tb.Fatal(err)
+	}
 }

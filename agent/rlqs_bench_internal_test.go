@@ -15,7 +15,6 @@ import (
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/checkwire"
 	"github.com/leasebucket/leasebucket/internal/clock"
-	"github.com/leasebucket/leasebucket/internal/lease"
 	"github.com/leasebucket/leasebucket/policy"
 )
 
@@ -76,15 +75,7 @@ default:
 	if err != nil {
 		b.Fatal(err)
 	}
-	route, err := set.Match("/v1/items/x", "read")
-	if err != nil {
-		b.Fatal(err)
-	}
-	limit, err := set.Limits(route, "t", "")
-	if err != nil {
-		b.Fatal(err)
-	}
-	cost := bucket.Micro(set.Cost(route)) * bucket.PerToken // the rule's buckets, which every refill names
+	limit, cost := routeBucket(b, set, "/v1/items/x", "read", "t") // the rule's buckets, which every refill names
 	clk := clock.NewManual(clock.Of(time.Hour))
 	lim := New(Config{}, set)
 	s := NewServer(ServerConfig{Limiter: lim, Clock: clk})
@@ -116,7 +107,7 @@ default:
 		}
 		for range time.Second / quotaSlot {
 			now := clk.Now()
-			answerRefills(b, lim, now, limit.Bucket, cost)
+			answerRefills(b, lim, now, limit, cost)
 			st.drainReady()
 			st.onDue()
 			if err := st.flush(); err != nil {
@@ -142,24 +133,9 @@ default:
 }
 
 // answerRefills answers every call the Limiter has due at now as a coordinator with a bucket of
-// lim that never runs low would: each refill granted what the grant rule sizes (requests of cost),
-// for the lease's lifetime, each hand-back credited in full.
+// lim that never runs low would (answerSized, the want).
 func answerRefills(tb testing.TB, l *Limiter, now clock.Nanos, lim bucket.Limit, cost bucket.Micro) {
 	for c := l.NextCall(now); c != nil; c = l.NextCall(now) {
-		r := answerAll(c, 0)
-		if c.Acquire != nil {
-			for i, it := range c.Acquire.Items {
-				p, err := lease.Size(lim, cost, false, lease.Ask{Needed: bucket.Micro(it.NeededMicro), Least: bucket.Micro(it.MinMicro),
-					Demand: bucket.Micro(it.DemandMicroPerSecond)})
-				if err != nil {
-					tb.Fatal(err)
-				}
-				res := r.Acquire.Results[i]
-				res.GrantedMicro, res.TtlMs, res.GrantedAtMs = int64(p.Want), p.TTL.Milliseconds(), int64(now/clock.Nanos(time.Millisecond))
-			}
-		}
-		if err := l.Apply(now, c, r); err != nil {
-			tb.Fatal(err)
-		}
+		answerSized(tb, l, now, lim, cost, c, false)
 	}
 }

@@ -12,7 +12,6 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/leasebucket/leasebucket/agent/audit"
-	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
 	"github.com/leasebucket/leasebucket/policy"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
@@ -89,21 +88,13 @@ default:
 		s := NewServer(ServerConfig{Limiter: lim, Clock: clk, Metrics: NewMetrics(), Audit: q})
 		ds := &discardCheckStream{ctx: context.Background()}
 		st := &checkStream{s: s, stream: ds, ctx: ds.ctx, pending: make(chan struct{}, MaxStreamPending), failed: make(chan struct{})}
-		route, err := set.Match("/v1/lease/0", "GET")
-		if err != nil {
-			b.Fatal(err)
-		}
-		limit, err := set.Limits(route, "tenant-0", "")
-		if err != nil {
-			b.Fatal(err)
-		}
-		cost := bucket.Micro(set.Cost(route)) * bucket.PerToken
+		limit, cost := routeBucket(b, set, "/v1/lease/0", "GET", "tenant-0")
 		var dec streamDecoder
 		message := func() {
 			if err := st.handle(&dec, receive()); err != nil {
 				b.Fatal(err)
 			}
-			answerRefills(b, lim, clk.Now(), limit.Bucket, cost)
+			answerRefills(b, lim, clk.Now(), limit, cost)
 			st.wg.Wait() // a message that waited for its refill
 		}
 		for range 100 { // the lease grows to the demand
