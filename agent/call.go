@@ -224,11 +224,13 @@ func (l *Limiter) acquireItem(now clock.Nanos, v *view, e *entry, c *Call) *coor
 			}
 		}
 	}
+	demand := l.sampleDemandLocked(now, e)
 	it := &coordinatorv1.AcquireItem{
 		Bucket:               l.ref(v, e),
 		NeededMicro:          int64(needed),
 		MinMicro:             int64(least),
-		DemandMicroPerSecond: int64(l.sampleDemandLocked(now, e)),
+		DemandMicroPerSecond: int64(demand),
+		Regular:              e.gaps.Regular(), // as of this sample
 		Also:                 l.alsoRefs(v, e), // a direct check of several buckets (direct.go)
 	}
 	if len(it.Also) > 0 {
@@ -465,22 +467,20 @@ func (l *Limiter) resendable(batch []*entry) (seq uint64, sentAt clock.Nanos, re
 // sampleDemandLocked updates the entry's demand estimate (µ per second) from what it consumed
 // since the last sample — the level then, plus what was granted, minus what was handed back,
 // minus the level now — and what its checks were refused over the limit. A sample spans at least
-// lease.MinSample: refills that come sooner leave it open and accumulating. It returns the demand
-// to report (lease.Servable): none for a key whose samples come on a regular period longer than
-// its leases live, under a request per lifetime, as a key colder than its leases samples once per
-// check and would only let the ample want's rounded-up request lapse.
+// lease.MinSample: refills that come sooner leave it open and accumulating. Each closed sample is
+// also a gap between the key's refills (lease.Gaps): a key colder than its leases samples once per
+// check, so the gaps tell a key polled on a fixed period longer than its leases live.
 func (l *Limiter) sampleDemandLocked(now clock.Nanos, e *entry) bucket.Micro {
 	level := bucket.Micro(e.tokens.Load()) + e.s().next.tokens
-	ttl := lease.TTL(e.lim.Bucket)
 	switch elapsed := (now - e.sampledAt).Duration(); {
 	case !e.sampled:
 		e.acct, e.sampledAt, e.sampled = level, now, true
 	case elapsed >= lease.MinSample:
 		e.demand.Observe(max(0, e.acct-level)+e.refused, elapsed)
-		e.gaps.Observe(elapsed, ttl)
+		e.gaps.Observe(elapsed, lease.TTL(e.lim.Bucket))
 		e.acct, e.sampledAt, e.refused = level, now, 0
 	}
-	return lease.Servable(e.demand.Rate(), e.unit, &e.gaps, ttl)
+	return e.demand.Rate()
 }
 
 func (l *Limiter) ref(v *view, e *entry) *coordinatorv1.BucketRef {

@@ -68,8 +68,7 @@ type entry struct {
 	returning bool // a hand-back of this key is out in a call: the next waits for its answer (the store would find it stale if it overtook this one)
 	armed     bool // in its shard's armed list: the expiry sweep visits it (unlock arms it)
 	// gaps between the demand samples (two bytes, in the padding): a key checked on a regular
-	// period longer than its leases live reports no demand under a request per lifetime
-	// (lease.Servable)
+	// period longer than its leases live says so in its refills (AcquireItem.regular)
 	gaps lease.Gaps
 	fail *fails // nil until a refill of this key fails
 	// links are the entries a check of this key's route charges besides it (charges.go), found

@@ -5,15 +5,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
+	"github.com/leasebucket/leasebucket/internal/lease"
 	"github.com/leasebucket/leasebucket/policy"
 )
 
-// TestRegularKeyReportsNoDemand: a key checked every 0.8 s (±5 %), colder than its 250 ms leases,
-// asks for a refill at each check and, from its fifth on, reports no demand, so its ample want is
-// its check alone (lease.Servable); a key checked at random with the same mean reports its demand
-// at nearly every refill.
-func TestRegularKeyReportsNoDemand(t *testing.T) {
+// TestRegularKeyRefills: a key checked every 0.8 s (±5 %), colder than its 250 ms leases, asks
+// for a refill at each check and, from its fifth on, says it is regular (AcquireItem.regular), so
+// the grant rule's ample want is its check alone, nothing to lapse; a key checked at random with
+// the same mean is not called regular at nearly any refill, and its ample want keeps the request
+// rounded up. Either reports its demand.
+func TestRegularKeyRefills(t *testing.T) {
 	set, err := policy.Parse("gaps.yaml", []byte(`version: v1
 rules:
   - name: api
@@ -41,7 +44,7 @@ default:
 			l := New(Config{AgentID: "a"}, set)
 			now := clock.Of(time.Hour)
 			q := Query{Tenant: "acme", Path: "/api/x", Operation: "GET"}
-			asks, zero := 0, 0
+			asks, regular, alone := 0, 0, 0
 			for i := range 200 {
 				now += clock.Of(max(tc.gap(), time.Millisecond))
 				v, err := l.Check(now, q)
@@ -55,8 +58,19 @@ default:
 					if c.Acquire != nil && i >= 4 {
 						for _, it := range c.Acquire.Items {
 							asks++
-							if it.DemandMicroPerSecond == 0 {
-								zero++
+							if it.DemandMicroPerSecond <= 0 {
+								t.Fatalf("check %d: a refill without demand", i)
+							}
+							p, err := lease.Size(limit, cost, false, lease.Ask{Needed: bucket.Micro(it.NeededMicro),
+								Least: bucket.Micro(it.MinMicro), Demand: bucket.Micro(it.DemandMicroPerSecond), Regular: it.Regular})
+							if err != nil {
+								t.Fatal(err)
+							}
+							if it.Regular {
+								regular++
+							}
+							if p.AmpleWant == cost {
+								alone++
 							}
 						}
 					}
@@ -66,11 +80,11 @@ default:
 					t.Fatalf("check %d: %v, want allowed by its refill", i, got.Outcome)
 				}
 			}
-			if tc.regular && (asks < 190 || zero != asks) {
-				t.Errorf("%d refills asked, %d of them without demand; want one per check, none with demand", asks, zero)
+			if tc.regular && (asks < 190 || regular != asks || alone != asks) {
+				t.Errorf("%d refills asked, %d regular, %d for the check alone; want one per check, all regular and alone", asks, regular, alone)
 			}
-			if !tc.regular && zero > asks/20 {
-				t.Errorf("%d of %d refills asked without demand; want at most 5 %%", zero, asks)
+			if !tc.regular && (regular > asks/20 || alone > asks/20) {
+				t.Errorf("%d of %d refills regular and %d for the check alone; want at most 5 %%", regular, asks, alone)
 			}
 		})
 	}

@@ -89,7 +89,7 @@ func answerSized(tb testing.TB, l *Limiter, now clock.Nanos, lim bucket.Limit, c
 	if c.Acquire != nil {
 		for i, it := range c.Acquire.Items {
 			p, err := lease.Size(lim, cost, false, lease.Ask{Needed: bucket.Micro(it.NeededMicro), Least: bucket.Micro(it.MinMicro),
-				Demand: bucket.Micro(it.DemandMicroPerSecond)})
+				Demand: bucket.Micro(it.DemandMicroPerSecond), Regular: it.Regular})
 			if err != nil {
 				tb.Fatal(err)
 			}

@@ -229,6 +229,7 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 			cost := bucket.Micro(set.Cost(res.route)) * bucket.PerToken
 			p, err = PlanGrant(lim, cost, res.route.Rule.Direct, lease.Ask{
 				Needed: bucket.Micro(it.NeededMicro), Least: bucket.Micro(it.MinMicro), Demand: bucket.Micro(it.DemandMicroPerSecond),
+				Regular: it.Regular,
 			})
 		}
 		if errors.Is(err, ErrCostAboveCapacity) {

@@ -530,3 +530,26 @@ func TestAcquireAmpleLease(t *testing.T) {
 		t.Errorf("calendar take = %v, want a grant", r)
 	}
 }
+
+// TestAcquireRegularKey: a refill of a key its agent calls regular (polled on a fixed period
+// longer than its leases live) gets its waiting check alone where the bucket is ample; the same
+// refill of a key not called regular gets the request the ample want rounds up besides.
+func TestAcquireRegularKey(t *testing.T) {
+	set := mustPolicy(t, "v1")
+	svc := coordinator.NewService(memstore.New(memstore.WithClock(func() bucket.Millis { return 1_000_000 })), set)
+	// hot: leases of 200 ms; a demand of 2 tokens/s is 0.4 of a token over a lifetime.
+	for i, w := range []struct {
+		regular bool
+		granted bucket.Micro
+	}{{false, 2 * tok}, {true, tok}} {
+		it := item(ref("hot", fmt.Sprintf("tenant-%d", i)), tok, tok)
+		it.DemandMicroPerSecond, it.Regular = int64(2*tok), w.regular
+		resp, err := svc.Acquire(ctxFor(t, 10*time.Second), acquire("agent-1", uint64(i+1), "v1", it))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := resp.Results[0]; r.Status != coordinatorv1.Status_STATUS_OK || r.GrantedMicro != int64(w.granted) {
+			t.Errorf("regular %t: %v, want %d µ granted", w.regular, r, w.granted)
+		}
+	}
+}

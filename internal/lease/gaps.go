@@ -3,8 +3,6 @@ package lease
 import (
 	"math"
 	"time"
-
-	"github.com/leasebucket/leasebucket/internal/bucket"
 )
 
 // Gaps tells whether a key asks for tokens on a regular period longer than its leases live: the
@@ -15,7 +13,8 @@ import (
 // key's next check if that comes within the lease's lifetime, which a key checked at random does
 // with probability 1 − e^(−λτ): worth it, as a take saved costs some fifty times what a request
 // that lapses does. A key checked on a fixed period longer than τ, a client polling, never finds
-// it: the request lapses unspent every time (no store operation, but work in every tier).
+// it: the request lapses unspent every time (no store operation, but work in every tier). The
+// agent says so in its Ask (Ask.Regular), and Size leaves such a key's ample want unrounded.
 //
 // It keeps two bytes (every key of an agent's table has them): the last gap, on a log scale of
 // an eighth of a doubling (9 %) per step, and how many gaps in a row were longer than the lease
@@ -60,15 +59,3 @@ func (g *Gaps) Observe(gap, ttl time.Duration) {
 // Regular reports whether the key's last RegularGaps gaps were alike and longer than its leases
 // live.
 func (g *Gaps) Regular() bool { return g.run >= RegularGaps }
-
-// Servable is the demand (µ per second) an agent reports for a key of rate demand whose leases
-// live ttl and hold requests of unit: its rate, or 0 for a regular key (Gaps.Regular) whose
-// demand over a lifetime is under one request. Such a key's next check always comes after the
-// lease has lapsed, so its ample want holds no request beyond what its check needs; a key whose
-// demand fills a request per lifetime reports it whatever its gaps.
-func Servable(demand, unit bucket.Micro, g *Gaps, ttl time.Duration) bucket.Micro {
-	if g.Regular() && overLifetime(demand, ttl) < unit {
-		return 0
-	}
-	return demand
-}

@@ -9,29 +9,24 @@ import (
 )
 
 // TestGapsRegular: a key checked on a fixed period longer than τ (±5 % jitter) is regular after
-// four gaps and reports no demand while its demand over a lifetime is under a request; a key on
-// a period within 19 % of τ or shorter, or checked at random, is regular at hardly any gap.
+// four gaps; a key on a period within 19 % of τ or shorter, or checked at random, is regular at
+// hardly any gap.
 func TestGapsRegular(t *testing.T) {
 	const ttl = 250 * time.Millisecond
 	r := rand.New(rand.NewPCG(1, 2))
 	jitter := func(d time.Duration) time.Duration { return time.Duration(float64(d) * (0.95 + 0.1*r.Float64())) }
-	demand := bucket.PerToken * 5 / 4 // 1.25 a second: under a request (1 token) per lifetime
 	var g Gaps
 	for i := range 4 {
-		if g.Regular() || Servable(demand, bucket.PerToken, &g, ttl) != demand {
+		if g.Regular() {
 			t.Fatalf("regular after %d gaps, want 4 first", i)
 		}
 		g.Observe(jitter(800*time.Millisecond), ttl)
 	}
 	for i := range 100 {
-		if !g.Regular() || Servable(demand, bucket.PerToken, &g, ttl) != 0 {
+		if !g.Regular() {
 			t.Fatalf("gap %d: a key checked every 0.8 s (±5 %%) is not regular over τ = %v: %+v", i+4, ttl, g)
 		}
 		g.Observe(jitter(800*time.Millisecond), ttl)
-	}
-	// A demand that fills a request per lifetime is reported whatever the gaps.
-	if got := Servable(4*bucket.PerToken, bucket.PerToken, &g, ttl); got != 4*bucket.PerToken {
-		t.Errorf("a regular key of 4 a second reports %d µ/s, want its demand", got)
 	}
 	// One gap out of step ends it.
 	g.Observe(300*time.Millisecond, ttl)
@@ -58,6 +53,41 @@ func TestGapsRegular(t *testing.T) {
 		}
 		if regular > tc.most {
 			t.Errorf("%s: regular at %d of 10,000 gaps, want at most %d", tc.name, regular, tc.most)
+		}
+	}
+}
+
+// TestSizeRegular: a regular key's ample want holds its lifetime's demand rounded down to whole
+// requests (nothing for a demand under a request per lifetime: its check alone), where any other
+// key's is rounded up; its want, and a demand of whole requests, are the same either way.
+func TestSizeRegular(t *testing.T) {
+	lim, err := bucket.NewLimit(100*bucket.PerToken, 100*bucket.PerToken, 1000) // 100/s, burst 100: τ = 250 ms
+	if err != nil {
+		t.Fatal(err)
+	}
+	const cost = bucket.PerToken
+	for _, tc := range []struct {
+		demand            bucket.Micro // µ/s
+		ample, regularAmp bucket.Micro
+	}{
+		{demand: cost * 5 / 4, ample: 2 * cost, regularAmp: cost}, // 0.31 of a request per lifetime
+		{demand: 6 * cost, ample: 3 * cost, regularAmp: 2 * cost}, // 1.5
+		{demand: 4 * cost, ample: 2 * cost, regularAmp: 2 * cost}, // exactly 1
+		{demand: 0, ample: cost, regularAmp: cost},                // none measured
+	} {
+		ask := Ask{Needed: cost, Least: cost, Demand: tc.demand}
+		p, err := Size(lim, cost, false, ask)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ask.Regular = true
+		r, err := Size(lim, cost, false, ask)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.AmpleWant != tc.ample || r.AmpleWant != tc.regularAmp || r.Want != p.Want || r.TTL != p.TTL {
+			t.Errorf("demand %d µ/s: ample want %d, regular %d (want %d, %d); want %d and %d, TTL %v and %v",
+				tc.demand, p.AmpleWant, r.AmpleWant, p.Want, r.Want, tc.ample, tc.regularAmp, p.TTL, r.TTL)
 		}
 	}
 }

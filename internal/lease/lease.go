@@ -98,6 +98,9 @@ type Ask struct {
 	// Demand is the key's rate of use on this agent, µ per second (Demand.Rate); 0 if none was
 	// observed yet.
 	Demand bucket.Micro
+	// Regular: the key's refills come on a regular period longer than its leases live (Gaps), so
+	// its next check comes after the lease has lapsed.
+	Regular bool
 }
 
 // Plan is how one Ask is asked of the global bucket: grant min(Want, Share‰ of what the bucket
@@ -147,7 +150,9 @@ const maxDemand = bucket.MaxExact / 2
 //     a bucket short of them; on one with plenty to spare it halves a steady key's store
 //     operations, and the request rounded up serves a key checked about once a lifetime without
 //     a take of its own (unspent, it is dropped once the refill since its grant covers it, within
-//     the lifetime unless τ is cut to MaxTTL; only then is it handed back).
+//     the lifetime unless τ is cut to MaxTTL; only then is it handed back). Not for a Regular
+//     key: its next check always comes after the lease lapsed, so its lifetime's demand is
+//     rounded down, as in Want.
 func Size(limit bucket.Limit, cost bucket.Micro, direct bool, a Ask) (Plan, error) {
 	capacity := limit.Capacity()
 	switch {
@@ -164,7 +169,11 @@ func Size(limit bucket.Limit, cost bucket.Micro, direct bool, a Ask) (Plan, erro
 	p.TTL, p.Share = TTL(limit), Share
 	lifetime := overLifetime(a.Demand, p.TTL)
 	p.Want = grow(capacity, cost, a, lifetime/Refills)
-	p.AmpleWant = grow(capacity, cost, a, roundUp(min(lifetime, capacity), cost, capacity))
+	ample := min(lifetime, capacity)
+	if !a.Regular {
+		ample = roundUp(ample, cost, capacity)
+	}
+	p.AmpleWant = grow(capacity, cost, a, ample) // grow rounds a Regular key's down
 	return p, nil
 }
 

@@ -277,7 +277,11 @@ type AcquireItem struct {
 	// Cost charged after the fact (settled beyond an estimate), in microtokens: debited before the
 	// take even below zero, down to the rule's max_debt below zero (the rest is forgiven). An item
 	// with needed_micro and min_micro 0 and a debt only charges the debt.
-	DebtMicro     int64 `protobuf:"varint,8,opt,name=debt_micro,json=debtMicro,proto3" json:"debt_micro,omitempty"`
+	DebtMicro int64 `protobuf:"varint,8,opt,name=debt_micro,json=debtMicro,proto3" json:"debt_micro,omitempty"`
+	// The key's refills come on a regular period longer than its leases live (a client polling on
+	// a fixed period): its next check comes after the lease has lapsed, so the lease's ample size is
+	// not rounded up to a whole request beyond what its checks need (docs/leases.md).
+	Regular       bool `protobuf:"varint,9,opt,name=regular,proto3" json:"regular,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -366,6 +370,13 @@ func (x *AcquireItem) GetDebtMicro() int64 {
 		return x.DebtMicro
 	}
 	return 0
+}
+
+func (x *AcquireItem) GetRegular() bool {
+	if x != nil {
+		return x.Regular
+	}
+	return false
 }
 
 type AcquireResult struct {
@@ -824,7 +835,7 @@ const file_leasebucket_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12%\n" +
 	"\x0epolicy_version\x18\x03 \x01(\tR\rpolicyVersion\x12=\n" +
 	"\x05items\x18\x04 \x03(\v2'.leasebucket.coordinator.v1.AcquireItemR\x05items\x12@\n" +
-	"\areturns\x18\x05 \x03(\v2&.leasebucket.coordinator.v1.ReturnItemR\areturns\"\xf1\x02\n" +
+	"\areturns\x18\x05 \x03(\v2&.leasebucket.coordinator.v1.ReturnItemR\areturns\"\x8b\x03\n" +
 	"\vAcquireItem\x12=\n" +
 	"\x06bucket\x18\x01 \x01(\v2%.leasebucket.coordinator.v1.BucketRefR\x06bucket\x12!\n" +
 	"\fneeded_micro\x18\x02 \x01(\x03R\vneededMicro\x12\x1b\n" +
@@ -834,7 +845,8 @@ const file_leasebucket_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x14return_granted_at_ms\x18\x06 \x01(\x03R\x11returnGrantedAtMs\x129\n" +
 	"\x04also\x18\a \x03(\v2%.leasebucket.coordinator.v1.BucketRefR\x04also\x12\x1d\n" +
 	"\n" +
-	"debt_micro\x18\b \x01(\x03R\tdebtMicro\"\xb9\x03\n" +
+	"debt_micro\x18\b \x01(\x03R\tdebtMicro\x12\x18\n" +
+	"\aregular\x18\t \x01(\bR\aregular\"\xb9\x03\n" +
 	"\rAcquireResult\x12:\n" +
 	"\x06status\x18\x01 \x01(\x0e2\".leasebucket.coordinator.v1.StatusR\x06status\x12#\n" +
 	"\rgranted_micro\x18\x02 \x01(\x03R\fgrantedMicro\x12\x15\n" +
