@@ -322,6 +322,16 @@ func (r *Result) CallsPerCheck() float64 {
 // StoreOpsPerCheck is store (Redis) operations per check request.
 func (r *Result) StoreOpsPerCheck() float64 { return ratio(r.Backend.StoreOps, r.Totals.Requests) }
 
+// ChecksByRule is the check requests by the name of the rule their identity resolves to: what
+// RuleOps counts per check.
+func (r *Result) ChecksByRule() map[string]int64 {
+	checks := map[string]int64{}
+	for _, id := range r.Identities {
+		checks[id.Rule] += id.Requests
+	}
+	return checks
+}
+
 // PeakBurstShare is the largest window excess over a key's burst (1 = what an exact bucket reaches).
 func (r *Result) PeakBurstShare() float64 {
 	m := 0.0

@@ -448,10 +448,7 @@ func ruleOps(b *strings.Builder, sc *Scenario, r *Result) {
 	if len(rules) < 2 && len(r.RuleOps) < 2 {
 		return
 	}
-	checks := map[string]int64{}
-	for _, id := range r.Identities {
-		checks[id.Rule] += id.Requests
-	}
+	checks := r.ChecksByRule()
 	b.WriteString("Store operations by rule, as the agents count them (near 1,000 per 1,000 checks a rule's leases save nothing):\n\n")
 	b.WriteString("| rule | lease | checks | store operations | per 1,000 checks |\n|---|---|--:|--:|--:|\n")
 	seen := map[string]bool{}

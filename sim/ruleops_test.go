@@ -44,10 +44,7 @@ func TestStoreOpsByRule(t *testing.T) {
 		t.Errorf("the agents count %d store operations by rule (%v); %d reached the store, %d calls failed",
 			sum, res.RuleOps, res.Backend.StoreOps, res.Backend.FailedCalls)
 	}
-	checks := map[string]int64{}
-	for _, id := range res.Identities {
-		checks[id.Rule] += id.Requests
-	}
+	checks := res.ChecksByRule()
 	if n, c := res.RuleOps["tail"], checks["tail"]; c == 0 || n != c {
 		t.Errorf("direct rule: %d store operations for %d checks, want one each", n, c)
 	}
