@@ -260,6 +260,47 @@ func TestHarness(t *testing.T) {
 	}
 }
 
+// slowTarget serves checks on an empty handler's socket and takes 2·half to read its counters,
+// which grow by one a microsecond, read halfway through: a stand-in for the coordinator's and
+// Redis' counters, which the stack reads over HTTP and INFO while the load runs on.
+type slowTarget struct {
+	socket string
+	origin time.Time
+	half   time.Duration
+}
+
+func (s slowTarget) Socket() string { return s.socket }
+
+func (s slowTarget) Sample(ctx context.Context, _ bool) (sb.Sample, error) {
+	time.Sleep(s.half)
+	at := float64(time.Since(s.origin).Microseconds())
+	time.Sleep(s.half)
+	return sb.Sample{StoreOps: at, Calls: at, Redis: sb.RedisStats{Scripts: at, Commands: at}}, nil
+}
+
+// TestMeasureCountersInWindow: counters read outside the measured window, over a reading that
+// takes time, are scaled to the window by the checks answered between their readings. A counter
+// growing at a steady rate comes out at that rate times the window, not times the span between
+// its readings (here the window and 2·40 ms).
+func TestMeasureCountersInWindow(t *testing.T) {
+	bin := binaries(t)
+	empty := sb.StartEmpty(t, bin)
+	keys := sb.Dist{Kind: sb.Uniform, N: 1000}.New(1)
+	target := slowTarget{socket: empty.Socket(), origin: time.Now(), half: 40 * time.Millisecond}
+	tm := sb.Timing{Warmup: 50 * time.Millisecond, Measure: 200 * time.Millisecond}
+	res, err := sb.Measure(context.Background(), target, keys, sb.Load{API: sb.Unary, Path: sb.Empty.Path(), Callers: 4}, tm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRun(t, "unary", res, tm.Measure)
+	window := float64(res.Wall.Microseconds())
+	for name, got := range map[string]float64{"store operations": res.StoreOps, "calls": res.Calls, "scripts": res.Scripts, "Redis commands": res.RedisCmds} {
+		if r := got / window; r < 0.85 || r > 1.15 {
+			t.Errorf("%s: %.0f over a window of %.0f µs, %.2f per µs; want 1 (%.2f unscaled)", name, got, window, r, (window+2e3*40)/window)
+		}
+	}
+}
+
 // answered is every check res's load had answered, its warm-up included: what the agent decided
 // for it.
 func answered(res sb.Result) int64 {

@@ -98,10 +98,12 @@ type caller struct {
 	outcomes [numOutcomes]int64
 	total    [numOutcomes]int64
 	err      error
+	answered atomic.Int64 // every check answered so far, read while the loop runs (Runner.Answered)
 }
 
 func (c *caller) record(measuring bool, d time.Duration, o Outcome, err error) {
 	c.total[o]++
+	c.answered.Add(1)
 	if err != nil && c.err == nil {
 		c.err = err
 	}
@@ -201,6 +203,15 @@ func (r *Runner) Begin() {
 func (r *Runner) End() {
 	r.measuring.Store(false)
 	r.end = time.Now()
+}
+
+// Answered is the number of checks answered so far, warm-up included; safe while the callers run.
+func (r *Runner) Answered() int64 {
+	var n int64
+	for _, c := range r.callers {
+		n += c.answered.Load()
+	}
+	return n
 }
 
 // Stop stops the callers (a check in flight is abandoned, never counted), closes the connection

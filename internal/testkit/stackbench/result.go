@@ -22,7 +22,8 @@ type Result struct {
 	Mode Mode
 	Dist Dist
 	Window
-	// Deltas over the measured window.
+	// Deltas over the measured window. Scripts, RedisCmds, StoreOps and Calls are read over a
+	// slightly longer span and scaled to the window's checks (inWindow).
 	CPU       [numProcs]time.Duration
 	Scripts   float64 // script runs in Redis (EVALSHA, EVAL, FCALL…)
 	RedisCmds float64 // every command Redis ran, script commands included, the probe's excluded
@@ -62,7 +63,7 @@ func Measure(ctx context.Context, target Target, keys *Keys, load Load, tm Timin
 	if err := sleep(ctx, tm.Warmup); err != nil {
 		return res, err
 	}
-	a, err := target.Sample(ctx, false)
+	a, aAt, err := sampleAt(ctx, target, r, false)
 	if err != nil {
 		return res, err
 	}
@@ -81,7 +82,7 @@ func Measure(ctx context.Context, target Target, keys *Keys, load Load, tm Timin
 		return res, err
 	}
 	res.Host = hostZ.Sub(hostA)
-	z, err := target.Sample(ctx, true)
+	z, zAt, err := sampleAt(ctx, target, r, true)
 	stopped = true
 	res.Window = r.Stop()
 	if err != nil {
@@ -90,10 +91,6 @@ func Measure(ctx context.Context, target Target, keys *Keys, load Load, tm Timin
 	for p := range numProcs {
 		res.CPU[p] = z.CPU[p] - a.CPU[p]
 	}
-	res.Scripts = z.Redis.Scripts - a.Redis.Scripts
-	res.RedisCmds = z.Redis.Commands - a.Redis.Commands
-	res.StoreOps = z.StoreOps - a.StoreOps
-	res.Calls = z.Calls - a.Calls
 	res.Mallocs, res.Bytes = z.Mallocs-a.Mallocs, z.Bytes-a.Bytes
 	if res.Checks() == 0 && res.Err != nil {
 		return res, fmt.Errorf("stackbench: no check answered in %v; the first failure: %w", tm.Measure, res.Err)
@@ -101,8 +98,35 @@ func Measure(ctx context.Context, target Target, keys *Keys, load Load, tm Timin
 	if res.Checks() == 0 {
 		return res, fmt.Errorf("stackbench: no check answered in %v", tm.Measure)
 	}
+	scale := inWindow(res.Checks(), zAt-aAt)
+	res.Scripts = scale * (z.Redis.Scripts - a.Redis.Scripts)
+	res.RedisCmds = scale * (z.Redis.Commands - a.Redis.Commands)
+	res.StoreOps = scale * (z.StoreOps - a.StoreOps)
+	res.Calls = scale * (z.Calls - a.Calls)
 	res.Slices = []Slice{res.slice()}
 	return res, nil
+}
+
+// sampleAt reads target's counters (Target.Sample) and the checks r's callers had answered by
+// then: the mean of the counts just before and just after the reading, which takes milliseconds
+// (HTTP scrapes of the coordinator, INFO of Redis) while the load runs on.
+func sampleAt(ctx context.Context, target Target, r *Runner, procsFirst bool) (Sample, float64, error) {
+	before := r.Answered()
+	s, err := target.Sample(ctx, procsFirst)
+	return s, float64(before+r.Answered()) / 2, err
+}
+
+// inWindow is what scales the coordinator's and Redis' counts to the measured window, which holds
+// checks: those counts span the readings of a Sample at each end, and so answered more checks
+// (between the readings, about 1 % more at 1 s windows) than the window. Their increase per
+// check answered between the readings, times checks, is the window's share, whose per-check
+// figures are then those of the counts' own span. With no check answered between the readings
+// (not reached: the window is inside them), 1.
+func inWindow(checks int64, between float64) float64 {
+	if between <= 0 {
+		return 1
+	}
+	return float64(checks) / between
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
