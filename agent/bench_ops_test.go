@@ -127,10 +127,7 @@ func BenchmarkStoreOpsPerCheck(b *testing.B) {
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			a := newSyncAgent(b, bc.policy)
-			queries := make([]agent.Query, bc.keys)
-			for i := range queries {
-				queries[i] = agent.Query{Tenant: fmt.Sprintf("tenant-%05d", i), Path: "/api/x", Operation: "GET"}
-			}
+			queries := tenantQueries(bc.keys)
 			step := time.Duration(float64(time.Second) / (bc.perKey * float64(bc.keys)))
 			i := 0
 			next := func() {
@@ -140,19 +137,34 @@ func BenchmarkStoreOpsPerCheck(b *testing.B) {
 				}
 				i++
 			}
-			for range int(bc.warmup / step) {
-				next()
-			}
-			ops0, checks0 := a.store.ops.Load(), i
-			b.ReportAllocs()
-			b.ResetTimer()
-			for range b.N {
-				next()
-			}
-			b.StopTimer()
-			b.ReportMetric(float64(a.store.ops.Load()-ops0)/float64(i-checks0), "store-ops/check")
+			measureOps(b, a, int(bc.warmup/step), next)
 		})
 	}
+}
+
+// measureOps runs next warmup times, then b.N times timed, and reports the store operations per
+// timed check.
+func measureOps(b *testing.B, a *syncAgent, warmup int, next func()) {
+	for range warmup {
+		next()
+	}
+	ops0 := a.store.ops.Load()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		next()
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(a.store.ops.Load()-ops0)/float64(b.N), "store-ops/check")
+}
+
+// tenantQueries are n queries of /api/x, one per tenant.
+func tenantQueries(n int) []agent.Query {
+	q := make([]agent.Query, n)
+	for i := range q {
+		q[i] = agent.Query{Tenant: fmt.Sprintf("tenant-%05d", i), Path: "/api/x", Operation: "GET"}
+	}
+	return q
 }
 
 // BenchmarkColdKeys is the long tail in process: 10,000 keys on a rule of 100/second, burst 100
@@ -169,10 +181,7 @@ func BenchmarkColdKeys(b *testing.B) {
 		for _, order := range []string{"cycle", "random"} {
 			b.Run(mode+"/"+order, func(b *testing.B) {
 				a := newSyncAgent(b, opsPolicyLease("100/second", 100, map[string]string{"lease": "on", "direct": "off"}[mode]))
-				queries := make([]agent.Query, keys)
-				for i := range queries {
-					queries[i] = agent.Query{Tenant: fmt.Sprintf("tenant-%05d", i), Path: "/api/x", Operation: "GET"}
-				}
+				queries := tenantQueries(keys)
 				r := rand.New(rand.NewPCG(1, 2))
 				i := 0
 				next := func() {
@@ -186,17 +195,7 @@ func BenchmarkColdKeys(b *testing.B) {
 					}
 					i++
 				}
-				for range 5 * keys { // four seconds: every key's demand and gaps measured
-					next()
-				}
-				ops0, checks0 := a.store.ops.Load(), i
-				b.ReportAllocs()
-				b.ResetTimer()
-				for range b.N {
-					next()
-				}
-				b.StopTimer()
-				b.ReportMetric(float64(a.store.ops.Load()-ops0)/float64(i-checks0), "store-ops/check")
+				measureOps(b, a, 5*keys, next) // warm-up of four seconds: every key's demand and gaps measured
 			})
 		}
 	}
