@@ -27,14 +27,7 @@ default:
   burst: 10
 `
 
-func testSet(t testing.TB) *policy.Set {
-	t.Helper()
-	set, err := policy.Parse("test.yaml", []byte(testPolicy))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return set
-}
+func testSet(t testing.TB) *policy.Set { return parseSet(t, testPolicy) }
 
 // TestConcurrentSpendAndRetire: goroutines spend one lease while another retires it; every token
 // is spent or returned exactly once and none is spent after the lease is retired.

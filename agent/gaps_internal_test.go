@@ -5,10 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/clock"
 	"github.com/leasebucket/leasebucket/internal/lease"
-	"github.com/leasebucket/leasebucket/policy"
 )
 
 // TestRegularKeyRefills: a key checked every 0.8 s (±5 %), colder than its 250 ms leases, asks
@@ -17,7 +15,7 @@ import (
 // the same mean is not called regular at nearly any refill, and its ample want keeps the request
 // rounded up. Either reports its demand.
 func TestRegularKeyRefills(t *testing.T) {
-	set, err := policy.Parse("gaps.yaml", []byte(`version: v1
+	set := parseSet(t, `version: v1
 rules:
   - name: api
     routes: ["/api/*"]
@@ -26,10 +24,7 @@ rules:
     burst: 100
 default:
   limit: 10/second
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	limit, cost := routeBucket(t, set, "/api/x", "GET", "acme")
 	r := rand.New(rand.NewPCG(3, 4))
 	for _, tc := range []struct {
@@ -61,8 +56,7 @@ default:
 							if it.DemandMicroPerSecond <= 0 {
 								t.Fatalf("check %d: a refill without demand", i)
 							}
-							p, err := lease.Size(limit, cost, false, lease.Ask{Needed: bucket.Micro(it.NeededMicro),
-								Least: bucket.Micro(it.MinMicro), Demand: bucket.Micro(it.DemandMicroPerSecond), Regular: it.Regular})
+							p, err := lease.Size(limit, cost, false, itemAsk(it))
 							if err != nil {
 								t.Fatal(err)
 							}

@@ -65,6 +65,22 @@ func handedBack(t testing.TB, l *Limiter, now clock.Nanos) (leases int, micro in
 	return leases, micro
 }
 
+// parseSet parses a policy file's text.
+func parseSet(tb testing.TB, text string) *policy.Set {
+	tb.Helper()
+	set, err := policy.Parse("test.yaml", []byte(text))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return set
+}
+
+// itemAsk is what a refill item asks of the grant rule, as the coordinator reads it.
+func itemAsk(it *coordinatorv1.AcquireItem) lease.Ask {
+	return lease.Ask{Needed: bucket.Micro(it.NeededMicro), Least: bucket.Micro(it.MinMicro),
+		Demand: bucket.Micro(it.DemandMicroPerSecond), Regular: it.Regular}
+}
+
 // routeBucket is the bucket limit of tenant's key on the route set matches path and op to, and one
 // request's cost on it in µ.
 func routeBucket(tb testing.TB, set *policy.Set, path, op, tenant string) (bucket.Limit, bucket.Micro) {
@@ -88,8 +104,7 @@ func answerSized(tb testing.TB, l *Limiter, now clock.Nanos, lim bucket.Limit, c
 	r := answerAll(c, 0)
 	if c.Acquire != nil {
 		for i, it := range c.Acquire.Items {
-			p, err := lease.Size(lim, cost, false, lease.Ask{Needed: bucket.Micro(it.NeededMicro), Least: bucket.Micro(it.MinMicro),
-				Demand: bucket.Micro(it.DemandMicroPerSecond), Regular: it.Regular})
+			p, err := lease.Size(lim, cost, false, itemAsk(it))
 			if err != nil {
 				tb.Fatal(err)
 			}

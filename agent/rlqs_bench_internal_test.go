@@ -7,7 +7,6 @@ import (
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/emptypb"
@@ -15,36 +14,22 @@ import (
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/checkwire"
 	"github.com/leasebucket/leasebucket/internal/clock"
-	"github.com/leasebucket/leasebucket/policy"
 )
 
-// discardQuotaStream is a StreamRateLimitQuotas call that encodes what the agent sends, as gRPC
-// would, and drops it.
-type discardQuotaStream struct {
-	grpc.ServerStream
-	ctx   context.Context
-	buf   []byte
-	sent  int // responses
-	items int // bucket actions
-}
+// discardQuotaStream is a StreamRateLimitQuotas call of a benchmark (discardStream).
+type discardQuotaStream = discardStream[*rlqsv3.RateLimitQuotaUsageReports, *rlqsv3.RateLimitQuotaResponse]
 
-func (d *discardQuotaStream) Context() context.Context { return d.ctx }
-func (d *discardQuotaStream) Recv() (*rlqsv3.RateLimitQuotaUsageReports, error) {
-	select {} // not called: the benchmark hands the stream its reports
-}
-
-func (d *discardQuotaStream) Send(m *rlqsv3.RateLimitQuotaResponse) error {
-	var err error
-	d.buf, err = proto.MarshalOptions{}.MarshalAppend(d.buf[:0], m)
-	d.sent++
-	d.items += len(m.BucketAction)
+// quotaActions is the bucket actions of m: those of the generated message and those the stream
+// encoded itself.
+func quotaActions(m *rlqsv3.RateLimitQuotaResponse) int {
+	n := len(m.BucketAction)
 	_ = checkwire.ForFields(m.ProtoReflect().GetUnknown(), func(num protowire.Number, _ protowire.Type, _ []byte, _ uint64) error {
 		if num == responseActionField {
-			d.items++ // an action the stream encoded itself
+			n++
 		}
 		return nil
 	})
-	return err
+	return n
 }
 
 // BenchmarkQuotaStream is the agent's own work for the rate limit quota service, without the
@@ -59,7 +44,7 @@ func BenchmarkQuotaStream(b *testing.B) {
 		buckets = 1000
 		rate    = 10
 	)
-	set, err := policy.Parse("bench.yaml", []byte(`version: v1
+	set := parseSet(b, `version: v1
 envoy:
   domain: bench
 rules:
@@ -71,15 +56,13 @@ rules:
 default:
   limit: 10/second
   burst: 10
-`))
-	if err != nil {
-		b.Fatal(err)
-	}
+`)
 	limit, cost := routeBucket(b, set, "/v1/items/x", "read", "t") // the rule's buckets, which every refill names
 	clk := clock.NewManual(clock.Of(time.Hour))
 	lim := New(Config{}, set)
 	s := NewServer(ServerConfig{Limiter: lim, Clock: clk})
-	ds := &discardQuotaStream{ctx: context.Background()}
+	items := 0 // bucket actions sent
+	ds := &discardQuotaStream{ctx: context.Background(), onSend: func(m *rlqsv3.RateLimitQuotaResponse) { items += quotaActions(m) }}
 	st := &quotaStream{qs: s.quota, s: s, stream: ds, ctx: ds.ctx, buckets: map[string]*quotaBucket{},
 		ready: make(chan *quotaBucket, buckets), done: make(chan struct{})}
 	defer st.close()
@@ -120,7 +103,7 @@ default:
 		second()
 		time.Sleep(time.Millisecond) // the first refills' waiters hand their buckets over
 	}
-	sent, items := ds.sent, ds.items
+	sent, items0 := ds.sent, items
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
@@ -128,7 +111,7 @@ default:
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/buckets, "ns/bucket-s")
-	b.ReportMetric(float64(ds.items-items)/float64(b.N)/buckets, "assignments/bucket-s")
+	b.ReportMetric(float64(items-items0)/float64(b.N)/buckets, "assignments/bucket-s")
 	b.ReportMetric(float64(ds.sent-sent)/float64(b.N), "responses/s")
 }
 

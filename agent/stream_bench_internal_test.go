@@ -13,30 +13,37 @@ import (
 
 	"github.com/leasebucket/leasebucket/agent/audit"
 	"github.com/leasebucket/leasebucket/internal/clock"
-	"github.com/leasebucket/leasebucket/policy"
 	agentv1 "github.com/leasebucket/leasebucket/proto/leasebucket/agent/v1"
 )
 
-// discardCheckStream is a CheckStream call that encodes what the agent sends, as gRPC would,
-// and drops it.
-type discardCheckStream struct {
+// discardStream is a bidirectional streaming call of a benchmark that hands the agent its
+// messages itself: what the agent sends is encoded, as gRPC would, then dropped; onSend, if set,
+// sees each message sent.
+type discardStream[Req any, Resp proto.Message] struct {
 	grpc.ServerStream
-	ctx  context.Context
-	buf  []byte
-	sent int
+	ctx    context.Context
+	buf    []byte
+	sent   int
+	onSend func(Resp)
 }
 
-func (d *discardCheckStream) Context() context.Context { return d.ctx }
-func (d *discardCheckStream) Recv() (*agentv1.CheckStreamRequest, error) {
+func (d *discardStream[Req, Resp]) Context() context.Context { return d.ctx }
+func (d *discardStream[Req, Resp]) Recv() (Req, error) {
 	select {} // not called: the benchmark hands the stream its messages
 }
 
-func (d *discardCheckStream) Send(m *agentv1.CheckStreamResponse) error {
+func (d *discardStream[Req, Resp]) Send(m Resp) error {
 	var err error
 	d.buf, err = proto.MarshalOptions{}.MarshalAppend(d.buf[:0], m)
 	d.sent++
+	if d.onSend != nil {
+		d.onSend(m)
+	}
 	return err
 }
+
+// discardCheckStream is a CheckStream call of a benchmark.
+type discardCheckStream = discardStream[*agentv1.CheckStreamRequest, *agentv1.CheckStreamResponse]
 
 // BenchmarkStreamMessage is the agent's own work per streamed check on one hot key, without the
 // transport's: a message of 17 checks (the hot-key stack benchmark's average) of one tenant,
@@ -47,7 +54,7 @@ func (d *discardCheckStream) Send(m *agentv1.CheckStreamResponse) error {
 // x-empty, the agent's time over it, is from one run.
 func BenchmarkStreamMessage(b *testing.B) {
 	const checks = 17
-	set, err := policy.Parse("bench.yaml", []byte(`version: v1
+	set := parseSet(b, `version: v1
 rules:
   - name: hot
     routes: ["/v1/lease/{id}"]
@@ -56,10 +63,7 @@ rules:
     burst: 1000000000
 default:
   limit: 10/second
-`))
-	if err != nil {
-		b.Fatal(err)
-	}
+`)
 	req := &agentv1.CheckStreamRequest{Id: 12345, Partial: true}
 	for range checks {
 		req.Checks = append(req.Checks, &agentv1.CheckRequest{Tenant: "tenant-0", Route: "/v1/lease/0", Operation: "GET"})
