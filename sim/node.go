@@ -98,7 +98,10 @@ type waiter struct {
 func (w *world) start(n *node) {
 	n.born++
 	inc := &incarnation{node: n, id: fmt.Sprintf("%s/agent-%d.%d", n.region.name, n.idx, n.born), byKey: map[int32][]*waiter{}}
-	inc.lim = agent.New(agent.Config{AgentID: inc.id, Region: n.region.name, RecordForfeits: true}, w.set)
+	// The guard is cmd/agent's: its leases end clock.Guard before τ for its coarse clock's lag. The
+	// virtual clock does not lag, but the agent modelled is the production one, whose leases live
+	// that much shorter (10 % of a 250 ms lease: more renewals, and more of each lease lapsing).
+	inc.lim = agent.New(agent.Config{AgentID: inc.id, Region: n.region.name, RecordForfeits: true, Guard: clock.Guard}, w.set)
 	n.inc = inc
 	w.incs = append(w.incs, inc)
 	if t := w.now + int64(w.sc.Agent.SweepEvery); t < w.end {

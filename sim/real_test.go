@@ -512,13 +512,13 @@ func loadExample(tb testing.TB, name string) *Scenario {
 
 // BenchmarkReal runs shipped scenarios on real parts and in the simulator, in the same run,
 // and reports both and their ratios (docs/simulator.md, *Against the real stack*):
-// many-agents for ten seconds, two of them warm-up, and long-tail for thirty, ten of warm-up
-// (its tenants' leases live 3 s).
+// many-agents for ten seconds, two of them warm-up; long-tail for thirty, ten of warm-up (its
+// tenants' leases live 3 s); hot-key for thirty-five, five of warm-up, its two bursts included.
 func BenchmarkReal(b *testing.B) {
 	for _, c := range []struct {
 		name      string
 		d, warmup time.Duration
-	}{{"many-agents", 10 * time.Second, 2 * time.Second}, {"long-tail", 30 * time.Second, 10 * time.Second}} {
+	}{{"many-agents", 10 * time.Second, 2 * time.Second}, {"long-tail", 30 * time.Second, 10 * time.Second}, {"hot-key", 35 * time.Second, 5 * time.Second}} {
 		b.Run(c.name, func(b *testing.B) {
 			rr, err := newRealRun(loadExample(b, c.name), c.d, c.warmup)
 			if err != nil {
