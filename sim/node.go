@@ -42,6 +42,17 @@ func (n *node) dropOwn(t int64) {
 	}
 }
 
+// nextArrival draws n's next arrival if it comes before horizon: its time and request.
+func (n *node) nextArrival(horizon int64) (t int64, req int32, ok bool) {
+	s := n.nextStream()
+	if t = s.next(); t >= horizon {
+		return 0, 0, false
+	}
+	req = s.pick.pick(n.rng)
+	s.advance(n.rng)
+	return t, req, true
+}
+
 // nextStream is the stream with the earliest arrival.
 func (n *node) nextStream() *stream {
 	best := n.streams[0]
@@ -154,13 +165,10 @@ func (w *world) batch(n *node) {
 	w.horizon = h
 	sec := w.second(w.now)
 	for w.fatal == nil {
-		s := n.nextStream()
-		t := s.next()
-		if t >= w.horizon {
+		t, r, ok := n.nextArrival(w.horizon)
+		if !ok {
 			break
 		}
-		r := s.pick.pick(n.rng)
-		s.advance(n.rng)
 		w.arrive(n, inc, r, t, sec)
 	}
 	w.batchNodes = [2]*node{}

@@ -107,19 +107,15 @@ type realArrival struct {
 	req int32
 }
 
-// arrivals draws each agent's arrivals as the simulator does (its batch loop, without running
-// it).
+// arrivals draws each agent's arrivals as the simulator's batches do, without running it.
 func arrivals(w *world) [][]realArrival {
 	out := make([][]realArrival, len(w.nodes))
 	for i, n := range w.nodes {
 		for len(n.streams) > 0 {
-			s := n.nextStream()
-			t := s.next()
-			if t >= w.end {
+			t, r, ok := n.nextArrival(w.end)
+			if !ok {
 				break
 			}
-			r := s.pick.pick(n.rng)
-			s.advance(n.rng)
 			out[i] = append(out[i], realArrival{at: clock.Nanos(t), req: r})
 		}
 	}
