@@ -440,7 +440,7 @@ traffic:
 // refills about once a lease lifetime, and nothing is wasted: what the agents and the bucket
 // held when the warm-up ended, plus the refill since, was admitted or is still held. A run this
 // short ends with part of the stock not yet spent, which is why the test does not read
-// utilisation itself: the figure (99 % over ten seconds at the shipped rates) is
+// utilisation itself: the target figure (99 % over ten seconds at the shipped rates) is
 // BenchmarkReal's.
 func TestManyAgentsReal(t *testing.T) {
 	sc := parse(t, manyAgentsSmall)
