@@ -66,7 +66,7 @@ const (
 
 	// TenantLimit and TenantBurst are a per-tenant limit of the order public APIs publish for
 	// one account (tens to hundreds of requests a second): 100 a second with a burst of one
-	// second's worth. τ = C/(4r) = 250 ms, the lease lifetime of the measurement. The
+	// second's worth. τ = C/(4r) = 250 ms, the lease lifetime the long-tail targets were set at. The
 	// uniform cases never deny with it (a key is checked far less than 4 times a second there);
 	// under Zipf s=1.1 the head tenants go over it, as the heaviest tenants of a real API do, and
 	// are denied.
