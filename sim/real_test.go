@@ -35,17 +35,15 @@ type realRun struct {
 	sc       *Scenario
 	duration time.Duration
 	warmup   time.Duration // store operations per check (and waste) are counted after it
-	maxWait  time.Duration // how long a check waits for its refill before its failure mode
+	maxWait  time.Duration // how long a check waits for its refill before its failure mode (the scenario's max_wait)
 	// wrap, if set, stands between the agents and the coordinator (a broken one, in a test).
 	wrap func(agent.Coordinator) agent.Coordinator
 }
 
 // realResult is what a real run measured.
 type realResult struct {
-	agents                                int
 	requests, denied, unavailable, waited int64
 	allowedTokens, idealTokens            int64
-	storeOps                              int64
 	steadyOps, steadyChecks               int64 // after the warm-up
 	// On a scenario of one key, after the warm-up: µ admitted, µ the bucket refilled, and µ
 	// held (in the agents' leases and in the bucket) when it ended and when the load stopped.
@@ -53,7 +51,8 @@ type realResult struct {
 	tau                                            time.Duration // its lease lifetime
 	steadyAllowed, steadyRefill, heldWarm, heldEnd float64
 	// worstKey is the key whose admissions came closest to their bound: the largest excess, over
-	// any window w, of the tokens admitted over r·w (µ), and the bound C + r·(lag + slack).
+	// any window w, of the tokens admitted over r·w (µ), and the simulator's bound for the key,
+	// C + r·(lag + 1 ms), plus r·realSlack.
 	worstKey                string
 	admitExcess, admitBound float64
 	elapsed                 time.Duration
@@ -73,9 +72,10 @@ func (r realResult) waste() float64 {
 
 func (r realResult) opsPerCheck() float64 { return ratio(r.steadyOps, r.steadyChecks) }
 
-// realSlack is how far a check's recorded time may be from the moment its tokens were spent:
-// the load reads the agents' millisecond clock before each check, and a check that waited
-// is spent when its refill is applied, before the load sees it.
+// realSlack is how far a check's recorded time may be from the moment its tokens were spent,
+// beyond the millisecond the simulator's bound allows for its store clock: the load reads the
+// agents' millisecond clock before each check, and a check that waited is spent when its refill
+// is applied, before the load sees it.
 const realSlack = 5 * time.Millisecond
 
 // newRealRun checks that sc has no faults and returns its real run.
@@ -90,14 +90,15 @@ func newRealRun(sc *Scenario, d, warmup time.Duration) (realRun, error) {
 			return realRun{}, fmt.Errorf("sim: %s: a real run does not settle costs", sc.Name)
 		}
 	}
-	return realRun{sc: sc, duration: d, warmup: warmup, maxWait: agent.DefaultMaxWait}, nil
+	return realRun{sc: sc, duration: d, warmup: warmup, maxWait: sc.Agent.MaxWait.D()}, nil
 }
 
-// scenario is rr's scenario as the simulator runs it for the comparison: rr's duration and
-// warm-up, no sweep.
+// scenario is rr's scenario as the simulator runs it for the comparison: rr's duration,
+// warm-up and wait for a refill (which is also the lag of a rule with lease: off), no sweep.
 func (rr realRun) scenario() *Scenario {
 	c := *rr.sc
 	c.Duration, c.Warmup, c.Sweep = Duration(rr.duration), Duration(rr.warmup), nil
+	c.Agent.MaxWait = Duration(rr.maxWait)
 	return &c
 }
 
@@ -189,7 +190,7 @@ func (rr realRun) run(tb testing.TB) realResult {
 	}
 	defer stop()
 
-	res := realResult{agents: len(w.nodes), oneKey: len(w.keys) == 1, tau: w.keys[0].ttl}
+	res := realResult{oneKey: len(w.keys) == 1, tau: w.keys[0].ttl}
 	// What the agents and the bucket hold, µ, on a scenario of one key.
 	held := func() float64 {
 		var n bucket.Micro
@@ -295,16 +296,15 @@ func (rr realRun) run(tb testing.TB) realResult {
 	if res.oneKey {
 		res.heldEnd = held()
 	}
-	res.storeOps, res.elapsed = cc.ops.Load(), (endAt - start).Duration()
-	res.steadyOps, res.waited = res.storeOps-warmOps, waited.Load()
+	res.steadyOps, res.waited, res.elapsed = cc.ops.Load()-warmOps, waited.Load(), (endAt - start).Duration()
 	stop()
-	tally(&res, w, checks, rr.maxWait, start, warmAt, endAt)
+	tally(&res, w, checks, start, warmAt, endAt)
 	return res
 }
 
 // tally reads the checks: each identity's exact limiter over the same arrivals, the outcomes,
 // each key's admissions against its bound, and what was admitted after the warm-up.
-func tally(res *realResult, w *world, checks []realCheck, maxWait time.Duration, start, warmAt, endAt clock.Nanos) {
+func tally(res *realResult, w *world, checks []realCheck, start, warmAt, endAt clock.Nanos) {
 	ms := func(t clock.Nanos) bucket.Millis { return bucket.Millis(t / clock.Nanos(time.Millisecond)) }
 	slices.SortFunc(checks, func(a, b realCheck) int { return cmp.Compare(a.at, b.at) })
 	ideal := make([]bucket.State, len(w.idents))
@@ -340,8 +340,8 @@ func tally(res *realResult, w *world, checks []realCheck, maxWait time.Duration,
 		}
 	}
 	// The admission bound from outside: over every window, what a key admitted less what its
-	// bucket refilled meanwhile stays within C + r·(lag + slack) (lag: τ, or the longest wait
-	// of a rule with lease: off).
+	// bucket refilled meanwhile stays within the simulator's bound for the key (lag: τ, or the
+	// longest wait of a rule with lease: off) and the load's slack.
 	for ki, ss := range allows {
 		k := w.keys[ki]
 		slices.SortFunc(ss, func(a, b spend) int { return cmp.Compare(a.at, b.at) })
@@ -350,11 +350,7 @@ func tally(res *realResult, w *world, checks []realCheck, maxWait time.Duration,
 		for _, s := range ss {
 			excess = max(excess, u.add(int64(s.at), s.micro, k.rate))
 		}
-		lag := k.lag
-		if k.ttl == 0 {
-			lag = maxWait // lease: off: a spend comes at most the longest wait after its take
-		}
-		bound := float64(k.limit.Capacity()) + k.rate*float64(lag+realSlack)
+		bound := k.admitBound + k.rate*float64(realSlack)
 		if res.worstKey == "" || excess/bound > res.admitExcess/res.admitBound {
 			res.worstKey, res.admitExcess, res.admitBound = k.name, excess, bound
 		}
@@ -377,22 +373,30 @@ func (rr realRun) simRun(tb testing.TB) *Result {
 	return res
 }
 
-// realTest is a real run for the test suite: where the tokens go is the question, not how
-// fast, so under the race detector on a busy machine, where a refill can take longer than the
-// agent's 50 ms, a check waits as long as its refill's call may take.
-func realTest(t *testing.T, sc *Scenario, warmup time.Duration) (realRun, realResult) {
+// testRun is sc's real run for the test suite, for its duration: where the tokens go is the
+// question, not how fast, so under the race detector on a busy machine, where a refill can take
+// longer than the agent's 50 ms, a check waits as long as its refill's call may take.
+func testRun(t *testing.T, sc *Scenario, warmup time.Duration) realRun {
 	t.Helper()
 	rr, err := newRealRun(sc, sc.Duration.D(), warmup)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rr.maxWait = agent.DefaultCallTimeout
+	return rr
+}
+
+// realTest runs testRun and fails on what no real run may show: admissions beyond a key's bound
+// from outside, an unavailable answer, a load that fell behind.
+func realTest(t *testing.T, sc *Scenario, warmup time.Duration) realResult {
+	t.Helper()
+	rr := testRun(t, sc, warmup)
 	res := rr.run(t)
 	t.Logf("%d agents, %d checks in %v, %.2f%% denied, utilisation %.2f%%, %.2f store operations per 1,000 checks after %v, admission excess %.0f of %.0f µ (%s)",
-		res.agents, res.requests, res.elapsed, 100*ratio(res.denied, res.requests), 100*res.utilisation(),
+		sc.numAgents(), res.requests, res.elapsed, 100*ratio(res.denied, res.requests), 100*res.utilisation(),
 		1000*res.opsPerCheck(), rr.warmup, res.admitExcess, res.admitBound, res.worstKey)
 	if res.admitExcess > res.admitBound {
-		t.Errorf("%s admitted %.0f µ over r·w in a window, above C + r·(τ + %v) = %.0f", res.worstKey, res.admitExcess, realSlack, res.admitBound)
+		t.Errorf("%s admitted %.0f µ over r·w in a window, above C + r·(τ + 1 ms + %v) = %.0f", res.worstKey, res.admitExcess, realSlack, res.admitBound)
 	}
 	if res.unavailable != 0 {
 		t.Errorf("%d checks unavailable, want none", res.unavailable)
@@ -404,7 +408,7 @@ func realTest(t *testing.T, sc *Scenario, warmup time.Duration) (realRun, realRe
 	if float64(res.requests) < offered/2 {
 		t.Fatalf("only %d checks of about %.0f offered: the load fell behind", res.requests, offered)
 	}
-	return rr, res
+	return res
 }
 
 // manyAgentsSmall is the shipped many-agents scenario at a tenth of its rates: 50 agents on one
@@ -444,13 +448,13 @@ traffic:
 // BenchmarkReal's.
 func TestManyAgentsReal(t *testing.T) {
 	sc := parse(t, manyAgentsSmall)
-	_, res := realTest(t, sc, time.Second)
+	res := realTest(t, sc, time.Second)
 	if w := res.waste(); w > 0.02 || w < -0.02 {
 		t.Errorf("%.2f%% of the refill after the warm-up wasted, want at most 2 %% (and no more admitted than refilled; the readings are good to about half a per cent)", 100*w)
 	}
 	// About one take per agent and lease lifetime (docs/leases.md): twice that at most.
 	tau := res.tau.Seconds()
-	if ops, most := res.opsPerCheck(), 2*float64(res.agents)/tau/float64(sc.Traffic[0].Rate); ops > most {
+	if ops, most := res.opsPerCheck(), 2*float64(sc.numAgents())/tau/float64(sc.Traffic[0].Rate); ops > most {
 		t.Errorf("%.4f store operations per check after the warm-up, want at most %.4f (two per agent and lifetime)", ops, most)
 	}
 }
@@ -470,12 +474,7 @@ func (o overgranting) Acquire(ctx context.Context, req *coordinatorv1.AcquireReq
 // TestRealOvergrantCaught: with grants doubled between the coordinator and the agents, the
 // real run of manyAgentsSmall admits beyond C + r·(w + τ), and the check from outside says so.
 func TestRealOvergrantCaught(t *testing.T) {
-	sc := parse(t, manyAgentsSmall)
-	rr, err := newRealRun(sc, sc.Duration.D(), time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rr.maxWait = agent.DefaultCallTimeout
+	rr := testRun(t, parse(t, manyAgentsSmall), time.Second)
 	rr.wrap = func(c agent.Coordinator) agent.Coordinator { return overgranting{c} }
 	res := rr.run(t)
 	t.Logf("admission excess %.0f of %.0f µ", res.admitExcess, res.admitBound)
@@ -491,7 +490,7 @@ func TestRealOvergrantCaught(t *testing.T) {
 func TestLongTailReal(t *testing.T) {
 	sc := loadExample(t, "long-tail")
 	sc.Duration = Duration(5 * time.Second)
-	_, res := realTest(t, sc, 2*time.Second)
+	res := realTest(t, sc, 2*time.Second)
 	if ops := res.opsPerCheck(); ops > 1 {
 		t.Errorf("%.3f store operations per check after the warm-up: more than without leases", ops)
 	}
