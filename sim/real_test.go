@@ -134,41 +134,43 @@ func arrivals(w *world) [][]realArrival {
 	return out
 }
 
-// realCrash is one crash of a real run: node's agent dies at the offset at, and its successor
-// starts at restart (never, if that is past the end).
-type realCrash struct {
-	node        int
-	at, restart clock.Nanos
+// agentChange is a crash of node's agent at the offset at, or the start of its successor.
+type agentChange struct {
+	at    clock.Nanos
+	node  int
+	crash bool
 }
 
-// crashPlan is the crashes the simulator runs for w (at a rate; newRealRun takes no schedule):
-// each node's first as its start scheduled it, then from each restart the next drawn from the
-// node's own stream, as world.start draws it.
-func crashPlan(w *world) []realCrash {
+// crashPlan is the crashes and restarts the simulator runs for w, in time order (crashes at a
+// rate; newRealRun takes no schedule): each node's first crash as its start scheduled it, its
+// successor restart_after later unless that is past the end, and the next crash drawn from the
+// node's own stream at each restart, as world.start draws it.
+func crashPlan(w *world) []agentChange {
 	rate := w.sc.Crashes.RatePerAgentHour
 	if rate <= 0 {
 		return nil
 	}
 	after := int64(w.sc.Crashes.RestartAfter)
-	var plan []realCrash
+	var plan []agentChange
 	for _, e := range w.heap {
 		if e.kind != evCrash {
 			continue
 		}
 		for at := e.at; ; {
-			plan = append(plan, realCrash{node: e.node.idx, at: clock.Nanos(at), restart: clock.Nanos(at + after)})
-			restart := float64(at + after)
-			if restart >= float64(w.end) {
+			plan = append(plan, agentChange{clock.Nanos(at), e.node.idx, true})
+			restart := at + after
+			if restart >= w.end {
 				break
 			}
-			next := restart + e.node.crashes.ExpFloat64()/rate*float64(time.Hour)
+			plan = append(plan, agentChange{clock.Nanos(restart), e.node.idx, false})
+			next := float64(restart) + e.node.crashes.ExpFloat64()/rate*float64(time.Hour)
 			if next >= float64(w.end) {
 				break
 			}
 			at = int64(next)
 		}
 	}
-	slices.SortFunc(plan, func(a, b realCrash) int { return cmp.Compare(a.at, b.at) })
+	slices.SortStableFunc(plan, func(a, b agentChange) int { return cmp.Compare(a.at, b.at) })
 	return plan
 }
 
@@ -340,23 +342,10 @@ func (rr realRun) run(tb testing.TB) realResult {
 	// The crashes and restarts, at their offsets. A crash cuts the agent off first, then reads
 	// what its core holds (stranded: nobody spends or hands it back) and stops its Refresher at
 	// once, as the process's end would.
-	type change struct {
-		at    clock.Nanos
-		node  int
-		crash bool
-	}
-	var changes []change
-	for _, c := range plan {
-		changes = append(changes, change{c.at, c.node, true})
-		if c.restart < end-start {
-			changes = append(changes, change{c.restart, c.node, false})
-		}
-	}
-	slices.SortStableFunc(changes, func(a, b change) int { return cmp.Compare(a.at, b.at) })
 	load.Add(1)
 	go func() {
 		defer load.Done()
-		for _, c := range changes {
+		for _, c := range plan {
 			time.Sleep((start + c.at - clk.Fresh()).Duration())
 			if !c.crash {
 				startAgent(c.node)
@@ -415,12 +404,14 @@ func (rr realRun) run(tb testing.TB) realResult {
 					for ; next[j] < len(arr[i]) && start+arr[i][next[j]].at <= now; next[j]++ {
 						req := arr[i][next[j]].req
 						a := target(i)
-						if a == nil {
-							cs = append(cs, realCheck{at: now, done: now, req: req, lost: true})
-							continue
+						var (
+							v   agent.Verdict
+							err error
+						)
+						if a != nil {
+							v, err = a.lim.Check(now, w.reqs[req].query)
 						}
-						v, err := a.lim.Check(now, w.reqs[req].query)
-						if a.dead.Load() { // it died meanwhile: closed, or its answer never left
+						if a == nil || a.dead.Load() { // no agent alive, or it died meanwhile: closed, or its answer never left
 							cs = append(cs, realCheck{at: now, done: now, req: req, lost: true})
 							continue
 						}
