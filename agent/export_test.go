@@ -6,6 +6,10 @@ import (
 	"github.com/leasebucket/leasebucket/internal/clock"
 )
 
+// ParseSet is parseSet (a policy file's text, parsed or the test failed), for the tests of
+// package agent_test.
+var ParseSet = parseSet
+
 // Decide is the check path for one query, for the tests of package agent_test: what Check does
 // without the protobuf.
 func (s *Server) Decide(ctx context.Context, q Query) (Verdict, error) {

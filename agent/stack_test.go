@@ -49,14 +49,8 @@ func loadPolicy(t testing.TB, file string) *policy.Set {
 	return set
 }
 
-func parsePolicy(t testing.TB, text string) *policy.Set {
-	t.Helper()
-	set, err := policy.Parse("test.yaml", []byte(text))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return set
-}
+// parsePolicy parses a policy file's text (agent.ParseSet).
+var parsePolicy = agent.ParseSet
 
 // fault is what testCoordinator does to a call.
 type fault int32
