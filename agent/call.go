@@ -224,6 +224,8 @@ func (l *Limiter) acquireItem(now clock.Nanos, v *view, e *entry, c *Call) *coor
 			}
 		}
 	}
+	// Before the sample: a key's first ask has had no answer. Direct mode sizes nothing by it.
+	scarce := !e.rule.Direct && e.scarceLocked()
 	demand := l.sampleDemandLocked(now, e)
 	it := &coordinatorv1.AcquireItem{
 		Bucket:               l.ref(v, e),
@@ -231,6 +233,7 @@ func (l *Limiter) acquireItem(now clock.Nanos, v *view, e *entry, c *Call) *coor
 		MinMicro:             int64(least),
 		DemandMicroPerSecond: int64(demand),
 		Regular:              e.gaps.Regular(), // as of this sample
+		Scarce:               scarce,
 		Also:                 l.alsoRefs(v, e), // a direct check of several buckets (direct.go)
 	}
 	if len(it.Also) > 0 {

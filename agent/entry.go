@@ -250,7 +250,15 @@ func (e *entry) installLocked(l grant) {
 	// expires before tokens: a spender that sees the new tokens also sees the new expiry.
 	e.expires.Store(int64(l.expires))
 	e.tokens.Store(int64(l.tokens))
-	e.lowWater.Store(int64(lease.LowMark(l.tokens, e.demand.Rate(), e.unit, lease.TTL(e.lim.Bucket))))
+	e.lowWater.Store(int64(lease.LowMark(l.tokens, e.demand.Rate(), e.unit, lease.TTL(e.lim.Bucket), e.scarceLocked())))
+}
+
+// scarceLocked reports whether the global bucket's level at e's last answer was low
+// (lease.Ask.Scarce): below 1/lease.Reserve of its capacity, as lease.Low reads it. A key that
+// never asked yet (its first demand sample not begun) has no answer and is not scarce. e.mu is
+// held.
+func (e *entry) scarceLocked() bool {
+	return e.sampled && lease.Low(e.lim.Bucket, e.level, 0)
 }
 
 // setNextLocked replaces the prefetched lease. e.mu is held.

@@ -175,6 +175,9 @@ func showCall(c *Call) string {
 		fmt.Fprintf(&b, "acquire seq=%d version=%s\n", a.Seq, a.PolicyVersion)
 		for _, it := range a.Items {
 			fmt.Fprintf(&b, "%s needed=%s min=%s demand=%s/s", showRef(it.Bucket), tok(it.NeededMicro), tok(it.MinMicro), tok(it.DemandMicroPerSecond))
+			if it.Scarce {
+				b.WriteString(" scarce")
+			}
 			if it.ReturnMicro > 0 {
 				fmt.Fprintf(&b, " return=%s granted-at=%d", tok(it.ReturnMicro), it.ReturnGrantedAtMs)
 			}

@@ -230,6 +230,7 @@ func (s *Service) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest
 			p, err = PlanGrant(lim, cost, res.route.Rule.Direct, lease.Ask{
 				Needed: bucket.Micro(it.NeededMicro), Least: bucket.Micro(it.MinMicro), Demand: bucket.Micro(it.DemandMicroPerSecond),
 				Regular: it.Regular,
+				Scarce:  it.Scarce,
 			})
 		}
 		if errors.Is(err, ErrCostAboveCapacity) {

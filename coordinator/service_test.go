@@ -531,6 +531,29 @@ func TestAcquireAmpleLease(t *testing.T) {
 	}
 }
 
+// TestAcquireScarceThinKey: the coordinator sizes by what the agent says of the bucket. A thin
+// key (under lease.ThinRequests requests of demand a lifetime) whose agent found the bucket scarce
+// at its last answer gets what its waiting check needs, even where the bucket is ample now; the
+// same refill without the word gets the request its ample want rounds up besides.
+func TestAcquireScarceThinKey(t *testing.T) {
+	set := mustPolicy(t, "v1")
+	svc := coordinator.NewService(memstore.New(memstore.WithClock(func() bucket.Millis { return 1_000_000 })), set)
+	for i, w := range []struct {
+		scarce  bool
+		granted bucket.Micro
+	}{{false, 2 * tok}, {true, tok}} {
+		it := item(ref("hot", fmt.Sprintf("tenant-%d", i)), tok, tok)
+		it.DemandMicroPerSecond, it.Scarce = int64(2*tok), w.scarce
+		resp, err := svc.Acquire(ctxFor(t, 10*time.Second), acquire("agent-1", uint64(i+1), "v1", it))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := resp.Results[0]; r.Status != coordinatorv1.Status_STATUS_OK || r.GrantedMicro != int64(w.granted) {
+			t.Errorf("scarce %t: %v, want %d µ granted", w.scarce, r, w.granted)
+		}
+	}
+}
+
 // TestAcquireRegularKey: a refill of a key its agent calls regular (polled on a fixed period
 // longer than its leases live) gets its waiting check alone where the bucket is ample; the same
 // refill of a key not called regular gets the request the ample want rounds up besides.

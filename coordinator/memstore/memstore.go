@@ -238,7 +238,7 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 			share = bucket.WholeShare // the contention rule applied the share cap to the pool
 		}
 		res = e.state.TakeShare(r.Limit, now, want, r.Min, share, unit)
-		if contended {
+		if contended && lease.Paced(demand, unit, r.TTL, res.Granted > 0) {
 			// What it got, or, denied, what it needs.
 			amount := res.Granted
 			if amount == 0 {

@@ -53,6 +53,7 @@ local debt = tonumber(ARGV[20]) -- take: µ settled after the fact, charged befo
 local max_debt = tonumber(ARGV[21]) -- take: how far below zero the debt may go, µ (<= capacity)
 local ample = tonumber(ARGV[22]) -- take: the grant where the bucket stays ample, µ (0: none)
 local FRESH = 2 -- lease.FreshLeases
+local THIN = 16 -- lease.ThinRequests
 local SHARE = 500 -- lease.Share
 local MAX_SHARE_DEMAND = 8796093022208 -- lease.MaxShareDemand, 2^43
 
@@ -121,7 +122,7 @@ if op == 'take' then
   -- lease.Reserve), or on a key whose agents compete (c), on a key whose agents' demand (its own
   -- and every other agent's fresh take record) over a lifetime is at least what it refills and
   -- holds (overloaded), is cut to the agent's share of that demand of the refill over a lifetime.
-  local mine, contended = 0, false
+  local mine, contended, thin = 0, false, false
   -- lease.Ample: where the bucket keeps three quarters of its capacity after it, a lease holds
   -- the demand over its whole lifetime (the contention rule below still applies to it)
   if ample > want and tokens - ample >= capacity - idiv(capacity, 4) then
@@ -150,32 +151,39 @@ if op == 'take' then
     -- refill in it plus what the bucket holds (each below 2^53)
     if idiv(total, WHOLE) * ttl >= refill + math.max(0, tokens) then
       mine = idiv(demand * WHOLE, total) -- demand*1000 < 2^53
-      -- its share of what refilled since it last took: a lifetime if it never did or long ago,
-      -- at most FRESH lifetimes
-      local since = ttl
-      if took_at and last - took_at > 0 and last - took_at <= FRESH * ttl then
-        since = last - took_at
-      end
-      -- and its share of what the bucket holds (the sum capped at the capacity, compared without
-      -- forming a sum above it)
-      local pool = refilled(since)
-      if pool <= capacity - tokens then
-        pool = math.max(0, pool + tokens) -- a bucket in debt may have nothing to share
+      -- lease.Contend: a thin agent (its demand over a lifetime below THIN requests; demand/1000
+      -- < 2^34, ttl <= 30000, and THIN*unit is exact as a double) takes per check
+      thin = idiv(demand, WHOLE) * ttl < THIN * unit
+      if thin then
+        want = least
       else
-        pool = capacity
+        -- its share of what refilled since it last took: a lifetime if it never did or long
+        -- ago, at most FRESH lifetimes
+        local since = ttl
+        if took_at and last - took_at > 0 and last - took_at <= FRESH * ttl then
+          since = last - took_at
+        end
+        -- and its share of what the bucket holds (the sum capped at the capacity, compared
+        -- without forming a sum above it)
+        local pool = refilled(since)
+        if pool <= capacity - tokens then
+          pool = math.max(0, pool + tokens) -- a bucket in debt may have nothing to share
+        else
+          pool = capacity
+        end
+        -- where other agents took too, a share above the share cap counts as the cap
+        -- (lease.Share: their demand may not be measured yet)
+        local most = mine
+        if others then
+          most = math.min(mine, SHARE)
+        end
+        local fair = permille(pool, most)
+        -- that share whatever it asked for, at most its demand until it asks again: the longest
+        -- pace (demand/1000 < 2^34, ttl <= 30000)
+        fair = math.min(fair, idiv(demand, WHOLE) * longest)
+        fair = idiv(fair, unit) * unit -- whole units, <= fair
+        want = math.max(least, fair)
       end
-      -- where other agents took too, a share above the share cap counts as the cap (lease.Share:
-      -- their demand may not be measured yet)
-      local most = mine
-      if others then
-        most = math.min(mine, SHARE)
-      end
-      local fair = permille(pool, most)
-      -- that share whatever it asked for, at most its demand until it asks again: the longest pace
-      -- (demand/1000 < 2^34, ttl <= 30000)
-      fair = math.min(fair, idiv(demand, WHOLE) * longest)
-      fair = idiv(fair, unit) * unit -- whole units, <= fair
-      want = math.max(least, fair)
       share = WHOLE -- the contention rule applied the share cap to the pool
       contended = true
       compete_until = last + FRESH * ttl -- last < 2^52, ttl <= 30000
@@ -191,8 +199,8 @@ if op == 'take' then
   else
     retry = time_for(lim, least - tokens, frac)
   end
-  if contended then
-    -- lease.Pace: until the agent's share of the refill covers what it got (or, denied, needs), at
+  if contended and (granted == 0 or not thin) then
+    -- lease.Paced: a grant to a thin agent does not pace it, a denial does. lease.Pace: until the agent's share of the refill covers what it got (or, denied, needs), at
     -- least the others' share of a lifetime, at most three quarters of one.
     local amount = granted
     if amount == 0 then

@@ -419,7 +419,8 @@ var cases = []testCase{
 		f.take(r, want{granted: 4 * tok, remaining: 0, now: f.now, pace: 534})
 		f.take(r, want{granted: 4 * tok, remaining: 0, now: f.now, pace: 534, replayed: true})
 		// b, denied: its 250‰ share needs 400 ms for a token, but on an overloaded key it waits at
-		// least the others' share of a lifetime, 750 ms (also the longest pace).
+		// least the others' share of a lifetime, 750 ms (also the longest pace). b is thin (6
+		// requests a lifetime, below lease.ThinRequests), and a denial paces a thin agent too.
 		f.take(take("b", 2, 5*tok, tok, 6*tok), want{retry: 100, now: f.now, pace: 750})
 		// A second later the bucket is full again and a asks for 3: not low, but the key's agents
 		// compete and it is still overloaded (24 tokens over a lifetime against the 10 it refills
@@ -493,10 +494,14 @@ var cases = []testCase{
 		// tokens over a lifetime of 2 s against 20 refilled): its take is contended (alone on the
 		// key, its share is the whole pool), and the key's agents compete for two lifetimes.
 		f.take(take("c", "a", 1, 20*tok, 20*tok, 40*tok, 2000), want{granted: 20 * tok, remaining: 0, now: f.now, pace: 1500})
-		// 2 s later c is full again, but its agents still compete: b's ample want of 3 tokens leaves
-		// 17, yet b gets its share (24‰ of 20 tokens, less than a request: its least).
+		// 2 s later c is full again, but its agents still compete: b's ample want of 5 tokens leaves
+		// 15, yet b gets its share (8 of 48 tokens/s: 166‰ of 20 tokens, 3 whole ones), paced for
+		// the longest pace (its share of the refill covers 3 tokens in 1.8 s).
 		f.advance(2000)
-		f.take(take("c", "b", 1, tok, 3*tok, tok, 2000), want{granted: tok, remaining: 19 * tok, now: f.now, pace: 1500})
+		f.take(take("c", "b", 1, tok, 5*tok, 8*tok, 2000), want{granted: 3 * tok, remaining: 17 * tok, now: f.now, pace: 1500})
+		// d is thin (a token a second: 2 requests a lifetime, below lease.ThinRequests): on the
+		// contended key it takes its least, whatever its ample want, and the grant does not pace it.
+		f.take(take("c", "d", 1, tok, 3*tok, tok, 2000), want{granted: tok, remaining: 16 * tok, now: f.now})
 		for _, bad := range []coordinator.TakeRequest{
 			{Key: "k", Limit: l, Want: 2 * tok, Min: tok, AmpleWant: tok, TTL: 500},             // below want
 			{Key: "k", Limit: l, Want: 2 * tok, Min: tok, AmpleWant: 3 * tok},                   // no lifetime

@@ -85,6 +85,32 @@ func TestSizeGrowsWithDemand(t *testing.T) {
 	}
 }
 
+// TestSizeThinOnScarce: a key with under ThinRequests requests of demand per lifetime whose
+// bucket was low at its last answer (Scarce) takes what its checks need, want and ample alike; at
+// ThinRequests, or on a bucket that was not low, its demand sizes the lease as before.
+func TestSizeThinOnScarce(t *testing.T) {
+	const tok = bucket.PerToken
+	l := limit(t, 100, 100, time.Second) // τ = 250 ms: sixteen requests a lifetime is 64 a second
+	for _, tc := range []struct {
+		name        string
+		a           Ask
+		want, ample bucket.Micro
+	}{
+		{"thin, scarce: what waits", Ask{Needed: 2 * tok, Least: tok, Demand: 60 * tok, Scarce: true}, 2 * tok, 2 * tok},
+		{"thin, scarce, a prefetch: one request", Ask{Least: tok, Demand: 15 * tok, Scarce: true}, tok, tok},
+		{"thin, not scarce: its demand", Ask{Needed: 2 * tok, Least: tok, Demand: 12 * tok}, 3 * tok, 5 * tok}, // 1.5 → 1, 3 rounded up
+		{"sixteen a lifetime, scarce: its demand", Ask{Needed: tok, Least: tok, Demand: 64 * tok, Scarce: true}, 9 * tok, 17 * tok},
+	} {
+		p, err := Size(l, tok, false, tc.a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Want != tc.want || p.AmpleWant != tc.ample {
+			t.Errorf("%s: Size(%+v) wants %d µ, ample %d µ; want %d µ, %d µ", tc.name, tc.a, p.Want, p.AmpleWant, tc.want, tc.ample)
+		}
+	}
+}
+
 // TestAmple: a bucket is ample for a grant that leaves it at least 1 − 1/Reserve of its capacity,
 // the mirror of Low.
 func TestAmple(t *testing.T) {
@@ -117,19 +143,28 @@ func TestLowMark(t *testing.T) {
 		tokens, demand, unit bucket.Micro
 		ttl                  time.Duration
 		want                 bucket.Micro
+		scarce               bool
 	}{
-		{"no demand measured", 16 * tok, 0, tok, tau, 0},
-		{"a request every 2 lifetimes", 16 * tok, 2 * tok, tok, tau, 0},
-		{"just under a request per lifetime", 16 * tok, 4*tok - 4, tok, tau, 0},
-		{"a request per lifetime", 16 * tok, 4 * tok, tok, tau, 4 * tok},
-		{"ten per lifetime", 16 * tok, 40 * tok, tok, tau, 4 * tok},
-		{"requests of 5 tokens, 4 tokens per lifetime", 16 * tok, 16 * tok, 5 * tok, tau, 0},
-		{"requests of 5 tokens, 5 tokens per lifetime", 16 * tok, 20 * tok, 5 * tok, tau, 4 * tok},
-		{"a day's lifetime cap: a request a minute", 8 * tok, tok / 60, tok, MaxTTL, 0},
-		{"demand beyond any bucket", 8 * tok, bucket.MaxExact, tok, MaxTTL, 2 * tok},
+		{"no demand measured", 16 * tok, 0, tok, tau, 0, false},
+		{"a request every 2 lifetimes", 16 * tok, 2 * tok, tok, tau, 0, false},
+		{"just under a request per lifetime", 16 * tok, 4*tok - 4, tok, tau, 0, false},
+		{"a request per lifetime", 16 * tok, 4 * tok, tok, tau, 4 * tok, false},
+		{"ten per lifetime", 16 * tok, 40 * tok, tok, tau, 4 * tok, false},
+		{"requests of 5 tokens, 4 tokens per lifetime", 16 * tok, 16 * tok, 5 * tok, tau, 0, false},
+		{"requests of 5 tokens, 5 tokens per lifetime", 16 * tok, 20 * tok, 5 * tok, tau, 4 * tok, false},
+		{"a day's lifetime cap: a request a minute", 8 * tok, tok / 60, tok, MaxTTL, 0, false},
+		{"demand beyond any bucket", 8 * tok, bucket.MaxExact, tok, MaxTTL, 2 * tok, false},
+		// On a scarce bucket a thin key (under ThinRequests requests per lifetime) does not refill
+		// ahead of need: the prefetched lease would lapse partly unspent a good part of the time.
+		{"scarce: a request per lifetime", 16 * tok, 4 * tok, tok, tau, 0, true},
+		{"scarce: just under sixteen per lifetime", 16 * tok, 64*tok - 4, tok, tau, 0, true},
+		{"scarce: sixteen per lifetime", 16 * tok, 64 * tok, tok, tau, 4 * tok, true},
+		{"scarce: forty per lifetime", 16 * tok, 160 * tok, tok, tau, 4 * tok, true},
+		{"scarce: requests of 5 tokens, 79 tokens per lifetime", 16 * tok, 316 * tok, 5 * tok, tau, 0, true},
+		{"scarce: requests of 5 tokens, 80 tokens per lifetime", 16 * tok, 320 * tok, 5 * tok, tau, 4 * tok, true},
 	} {
-		if got := LowMark(tc.tokens, tc.demand, tc.unit, tc.ttl); got != tc.want {
-			t.Errorf("%s: LowMark(%d µ, %d µ/s, %d µ, %v) = %d µ, want %d µ", tc.name, tc.tokens, tc.demand, tc.unit, tc.ttl, got, tc.want)
+		if got := LowMark(tc.tokens, tc.demand, tc.unit, tc.ttl, tc.scarce); got != tc.want {
+			t.Errorf("%s: LowMark(%d µ, %d µ/s, %d µ, %v, scarce %t) = %d µ, want %d µ", tc.name, tc.tokens, tc.demand, tc.unit, tc.ttl, tc.scarce, got, tc.want)
 		}
 	}
 }
@@ -221,6 +256,34 @@ func TestContend(t *testing.T) {
 		if cut != tc.cut || share != tc.share || contended != tc.contended {
 			t.Errorf("%s: Contend = %d µ, %d‰, %v; want %d µ, %d‰, %v", tc.name, cut, share, contended, tc.cut, tc.share, tc.contended)
 		}
+	}
+}
+
+// TestContendThin: on an overloaded bucket (a key of 100 a second at 110 a second from many
+// agents), a thin agent (5.5 a second: under ThinRequests requests a lifetime) takes what its
+// first check needs, and a grant does not pace it (a denial does); an agent with ThinRequests
+// requests a lifetime gets its share of the pool and is paced.
+func TestContendThin(t *testing.T) {
+	const tok = bucket.PerToken
+	l := limit(t, 100, 100, time.Second)
+	ttl := bucket.Millis(TTL(l) / time.Millisecond) // 250 ms: the pool is 25 tokens of refill
+	thin := 5500 * tok / 1000
+	cut, share, contended := Contend(l, 0, 3*tok, tok, tok, thin, 110*tok, true, ttl, ttl, false)
+	if cut != tok || share != 50 || !contended || Paced(thin, tok, ttl, true) || !Paced(thin, tok, ttl, false) {
+		t.Errorf("thin agent: Contend = %d µ, %d‰, %v, paced granted %v, denied %v; want one request, 50‰, contended, not paced when granted",
+			cut, share, contended, Paced(thin, tok, ttl, true), Paced(thin, tok, ttl, false))
+	}
+	// 64 of 150 a second: 426‰ of the 25 tokens, at most its demand over three quarters of a
+	// lifetime (12 tokens), in whole requests.
+	cut, share, contended = Contend(l, 0, 20*tok, tok, tok, 64*tok, 150*tok, true, ttl, ttl, false)
+	if cut != 10*tok || share != 426 || !contended || !Paced(64*tok, tok, ttl, true) {
+		t.Errorf("agent of sixteen requests a lifetime: Contend = %d µ, %d‰, %v; want 10 tokens, 426‰, contended, paced",
+			cut, share, contended)
+	}
+	// Requests of several tokens: thin is counted in requests.
+	if Paced(316*tok, 5*tok, ttl, true) || !Paced(320*tok, 5*tok, ttl, true) {
+		t.Errorf("requests of 5 tokens: paced at 79 tokens a lifetime %v, at 80 %v; want false, true",
+			Paced(316*tok, 5*tok, ttl, true), Paced(320*tok, 5*tok, ttl, true))
 	}
 }
 

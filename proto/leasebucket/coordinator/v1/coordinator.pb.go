@@ -281,7 +281,11 @@ type AcquireItem struct {
 	// The key's refills come on a regular period longer than its leases live (a client polling on
 	// a fixed period): its next check comes after the lease has lapsed, so the lease's ample size is
 	// not rounded up to a whole request beyond what its checks need (docs/leases.md).
-	Regular       bool `protobuf:"varint,9,opt,name=regular,proto3" json:"regular,omitempty"`
+	Regular bool `protobuf:"varint,9,opt,name=regular,proto3" json:"regular,omitempty"`
+	// The bucket's level in the key's last answer was below a quarter of its capacity: tokens a
+	// lease leaves unspent are tokens other agents need, so a key whose demand on this agent is
+	// thin takes only what its waiting checks need (docs/leases.md, "Thin keys on a scarce bucket").
+	Scarce        bool `protobuf:"varint,10,opt,name=scarce,proto3" json:"scarce,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -375,6 +379,13 @@ func (x *AcquireItem) GetDebtMicro() int64 {
 func (x *AcquireItem) GetRegular() bool {
 	if x != nil {
 		return x.Regular
+	}
+	return false
+}
+
+func (x *AcquireItem) GetScarce() bool {
+	if x != nil {
+		return x.Scarce
 	}
 	return false
 }
@@ -835,7 +846,7 @@ const file_leasebucket_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12%\n" +
 	"\x0epolicy_version\x18\x03 \x01(\tR\rpolicyVersion\x12=\n" +
 	"\x05items\x18\x04 \x03(\v2'.leasebucket.coordinator.v1.AcquireItemR\x05items\x12@\n" +
-	"\areturns\x18\x05 \x03(\v2&.leasebucket.coordinator.v1.ReturnItemR\areturns\"\x8b\x03\n" +
+	"\areturns\x18\x05 \x03(\v2&.leasebucket.coordinator.v1.ReturnItemR\areturns\"\xa3\x03\n" +
 	"\vAcquireItem\x12=\n" +
 	"\x06bucket\x18\x01 \x01(\v2%.leasebucket.coordinator.v1.BucketRefR\x06bucket\x12!\n" +
 	"\fneeded_micro\x18\x02 \x01(\x03R\vneededMicro\x12\x1b\n" +
@@ -846,7 +857,9 @@ const file_leasebucket_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x04also\x18\a \x03(\v2%.leasebucket.coordinator.v1.BucketRefR\x04also\x12\x1d\n" +
 	"\n" +
 	"debt_micro\x18\b \x01(\x03R\tdebtMicro\x12\x18\n" +
-	"\aregular\x18\t \x01(\bR\aregular\"\xb9\x03\n" +
+	"\aregular\x18\t \x01(\bR\aregular\x12\x16\n" +
+	"\x06scarce\x18\n" +
+	" \x01(\bR\x06scarce\"\xb9\x03\n" +
 	"\rAcquireResult\x12:\n" +
 	"\x06status\x18\x01 \x01(\x0e2\".leasebucket.coordinator.v1.StatusR\x06status\x12#\n" +
 	"\rgranted_micro\x18\x02 \x01(\x03R\fgrantedMicro\x12\x15\n" +
