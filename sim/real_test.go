@@ -674,18 +674,18 @@ traffic:
 
 // TestThinKeysReal runs tenants twice over their quota, thin on each of 20 agents, on real parts
 // (the store's share of the rule runs in Redis' script): every key's admissions stay within their
-// bound from outside, nothing is unavailable, the agents admit at least 96 % of what an exact
-// limiter admits over the same arrivals (97.7 % in its runs; leases of such keys lapsing partly
-// unspent held them to 92.2 % before thin keys took per check on a scarce bucket, the rest being
-// the refill still in leases and buckets when six seconds stop), and the simulator on the same
-// arrivals agrees within 2 points.
+// bound from outside, nothing is unavailable, the agents admit at least 95 % of what an exact
+// limiter admits over the same arrivals (96.6 % in its runs, the simulator 96.8 %: a run this
+// short stops with refill still in leases and buckets; leases of such keys lapsing partly unspent
+// held them to 92.2 % before thin agents took per check on a contended bucket), and the simulator
+// on the same arrivals agrees within 2 points.
 func TestThinKeysReal(t *testing.T) {
 	sc := parse(t, thinKeysSmall)
 	res := realTest(t, sc, time.Second)
 	simulated := testRun(t, sc, time.Second).simRun(t)
 	t.Logf("utilisation %.2f%% (simulator %.2f%%)", 100*res.utilisation(), 100*simulated.Utilisation())
-	if u := res.utilisation(); u < 0.96 {
-		t.Errorf("the agents admitted %.2f%% of what an exact limiter admits, want at least 96 %%", 100*u)
+	if u := res.utilisation(); u < 0.95 {
+		t.Errorf("the agents admitted %.2f%% of what an exact limiter admits, want at least 95 %%", 100*u)
 	}
 	if d := res.utilisation() - simulated.Utilisation(); d > 0.02 || d < -0.02 {
 		t.Errorf("utilisation %.2f%% on real parts, %.2f%% in the simulator: want within 2 points", 100*res.utilisation(), 100*simulated.Utilisation())

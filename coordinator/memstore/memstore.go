@@ -219,7 +219,7 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 		e.state.Refill(r.Limit, now)
 		unit, want := max(1, r.Unit), r.Want
 		var mine int64
-		contended := false
+		contended, perCheck := false, false
 		competing := e.competes && e.state.Last < e.competeUntil
 		if r.AmpleWant > want && lease.Ample(r.Limit, e.state.Tokens, r.AmpleWant) {
 			want = r.AmpleWant
@@ -230,7 +230,7 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 				since = e.state.Last - prev.Now
 			}
 			total, others := e.totalDemand(r.Op.Agent, demand, e.state.Last, r.TTL)
-			want, mine, contended = lease.Contend(r.Limit, e.state.Tokens, want, r.Min, unit, demand,
+			want, mine, contended, perCheck = lease.Contend(r.Limit, e.state.Tokens, want, r.Min, unit, demand,
 				total, others, r.TTL, since, competing)
 		}
 		if contended {
@@ -238,8 +238,8 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 			share = bucket.WholeShare // the contention rule applied the share cap to the pool
 		}
 		res = e.state.TakeShare(r.Limit, now, want, r.Min, share, unit)
-		if contended && lease.Paced(demand, unit, r.TTL, res.Granted > 0) {
-			// What it got, or, denied, what it needs.
+		if contended && (res.Granted == 0 || !perCheck) {
+			// Paced: what it got, or, denied, what it needs. A grant taken per check is not.
 			amount := res.Granted
 			if amount == 0 {
 				amount = r.Min

@@ -122,7 +122,7 @@ if op == 'take' then
   -- lease.Reserve), or on a key whose agents compete (c), on a key whose agents' demand (its own
   -- and every other agent's fresh take record) over a lifetime is at least what it refills and
   -- holds (overloaded), is cut to the agent's share of that demand of the refill over a lifetime.
-  local mine, contended, thin = 0, false, false
+  local mine, contended, per_check = 0, false, false
   -- lease.Ample: where the bucket keeps three quarters of its capacity after it, a lease holds
   -- the demand over its whole lifetime (the contention rule below still applies to it)
   if ample > want and tokens - ample >= capacity - idiv(capacity, 4) then
@@ -151,38 +151,41 @@ if op == 'take' then
     -- refill in it plus what the bucket holds (each below 2^53)
     if idiv(total, WHOLE) * ttl >= refill + math.max(0, tokens) then
       mine = idiv(demand * WHOLE, total) -- demand*1000 < 2^53
-      -- lease.Contend: a thin agent (its demand over a lifetime below THIN requests; demand/1000
-      -- < 2^34, ttl <= 30000, and THIN*unit is exact as a double) takes per check
-      thin = idiv(demand, WHOLE) * ttl < THIN * unit
-      if thin then
-        want = least
+      -- its share of what refilled since it last took: a lifetime if it never did or long ago,
+      -- at most FRESH lifetimes
+      local since = ttl
+      if took_at and last - took_at > 0 and last - took_at <= FRESH * ttl then
+        since = last - took_at
+      end
+      -- and its share of what the bucket holds (the sum capped at the capacity, compared without
+      -- forming a sum above it)
+      local pool = refilled(since)
+      if pool <= capacity - tokens then
+        pool = math.max(0, pool + tokens) -- a bucket in debt may have nothing to share
       else
-        -- its share of what refilled since it last took: a lifetime if it never did or long
-        -- ago, at most FRESH lifetimes
-        local since = ttl
-        if took_at and last - took_at > 0 and last - took_at <= FRESH * ttl then
-          since = last - took_at
+        pool = capacity
+      end
+      -- where other agents took too, a share above the share cap counts as the cap (lease.Share:
+      -- their demand may not be measured yet)
+      local most = mine
+      if others then
+        most = math.min(mine, SHARE)
+      end
+      local fair = permille(pool, most)
+      -- that share whatever it asked for, at most its demand until it asks again: the longest pace
+      -- (demand/1000 < 2^34, ttl <= 30000)
+      fair = math.min(fair, idiv(demand, WHOLE) * longest)
+      fair = idiv(fair, unit) * unit -- whole units, <= fair
+      want = math.max(least, fair)
+      -- per check where its demand over a lifetime, m requests, exceeds that by less than the
+      -- square root of m (m < THIN, so the square is small)
+      local m = idiv(idiv(demand, WHOLE) * ttl, unit)
+      if m < THIN then
+        local left = m - idiv(fair, unit)
+        if left * left < m then
+          want = least
+          per_check = true
         end
-        -- and its share of what the bucket holds (the sum capped at the capacity, compared
-        -- without forming a sum above it)
-        local pool = refilled(since)
-        if pool <= capacity - tokens then
-          pool = math.max(0, pool + tokens) -- a bucket in debt may have nothing to share
-        else
-          pool = capacity
-        end
-        -- where other agents took too, a share above the share cap counts as the cap
-        -- (lease.Share: their demand may not be measured yet)
-        local most = mine
-        if others then
-          most = math.min(mine, SHARE)
-        end
-        local fair = permille(pool, most)
-        -- that share whatever it asked for, at most its demand until it asks again: the longest
-        -- pace (demand/1000 < 2^34, ttl <= 30000)
-        fair = math.min(fair, idiv(demand, WHOLE) * longest)
-        fair = idiv(fair, unit) * unit -- whole units, <= fair
-        want = math.max(least, fair)
       end
       share = WHOLE -- the contention rule applied the share cap to the pool
       contended = true
@@ -199,9 +202,10 @@ if op == 'take' then
   else
     retry = time_for(lim, least - tokens, frac)
   end
-  if contended and (granted == 0 or not thin) then
-    -- lease.Paced: a grant to a thin agent does not pace it, a denial does. lease.Pace: until the agent's share of the refill covers what it got (or, denied, needs), at
-    -- least the others' share of a lifetime, at most three quarters of one.
+  if contended and (granted == 0 or not per_check) then
+    -- lease.Pace (a grant taken per check does not pace the agent, a denial does): until the
+    -- agent's share of the refill covers what it got (or, denied, needs), at least the others'
+    -- share of a lifetime, at most three quarters of one.
     local amount = granted
     if amount == 0 then
       amount = least

@@ -456,6 +456,25 @@ var cases = []testCase{
 		f.advance(1000)
 		f.take(take("d", 1, 12*tok, tok, 0), want{granted: 10 * tok, remaining: 0, now: f.now})
 	}},
+	{"ContentionPerCheck", func(f *fixture) {
+		l := limit(f.t, 10*tok, tok, 100) // 10 tokens a second: 10 refill over a lifetime of 1 s
+		const ttl = 1000
+		take := func(agent string, seq uint64, want bucket.Micro) coordinator.TakeRequest {
+			return coordinator.TakeRequest{Key: "k", Limit: l, Want: want, Min: tok, Unit: tok, Demand: 6 * tok, TTL: ttl,
+				Op: coordinator.OpID{Agent: agent, Seq: seq}}
+		}
+		// b, 6 tokens a second alone, is not overloading the key: 8 of 10, uncontended.
+		f.take(take("b", 1, 8*tok), want{granted: 8 * tok, remaining: 2 * tok, now: f.now})
+		// a, 6 a second too: the key's 12 a lifetime overload it (10 refilled, 2 held). a's share,
+		// half of the 10 it may share out, is cut to its demand over three quarters of a lifetime,
+		// 4 tokens, and its 6 requests a lifetime would exceed that by less than √6: it takes per
+		// check, its least, unpaced.
+		f.take(take("a", 1, 3*tok), want{granted: tok, remaining: tok, now: f.now})
+		f.take(take("a", 2, 3*tok), want{granted: tok, remaining: 0, now: f.now})
+		// Denied, it is paced as any agent: its half of the refill covers a token in 200 ms, at
+		// least the others' half of a lifetime, 500 ms.
+		f.take(take("a", 3, 3*tok), want{retry: 100, now: f.now, pace: 500})
+	}},
 	{"ContentionOthersUnmeasured", func(f *fixture) {
 		// A day's budget: 100 tokens, one a day, leases of 30 s (lease.MaxTTL).
 		l := limit(f.t, 100*tok, tok, 86_400_000)
@@ -499,9 +518,9 @@ var cases = []testCase{
 		// the longest pace (its share of the refill covers 3 tokens in 1.8 s).
 		f.advance(2000)
 		f.take(take("c", "b", 1, tok, 5*tok, 8*tok, 2000), want{granted: 3 * tok, remaining: 17 * tok, now: f.now, pace: 1500})
-		// d is thin (a token a second: 2 requests a lifetime, below lease.ThinRequests): on the
-		// contended key it takes its least, whatever its ample want, and the grant does not pace it.
-		f.take(take("c", "d", 1, tok, 3*tok, tok, 2000), want{granted: tok, remaining: 16 * tok, now: f.now})
+		// d asks for a token a second (2 requests a lifetime) and its share is 20‰ of 20 tokens:
+		// its demand exceeds its share by more than √2, so it keeps a lease (its least) and is paced.
+		f.take(take("c", "d", 1, tok, 3*tok, tok, 2000), want{granted: tok, remaining: 16 * tok, now: f.now, pace: 1500})
 		for _, bad := range []coordinator.TakeRequest{
 			{Key: "k", Limit: l, Want: 2 * tok, Min: tok, AmpleWant: tok, TTL: 500},             // below want
 			{Key: "k", Limit: l, Want: 2 * tok, Min: tok, AmpleWant: 3 * tok},                   // no lifetime

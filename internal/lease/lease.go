@@ -59,9 +59,10 @@ const (
 	// that costs nothing (the refill covers what lapsed); where the bucket is short of tokens
 	// (Ask.Scarce, a contended take), every lapsed token is a check refused elsewhere, and the
 	// simulator measures it: agents sharing a key at 1.1 times its rate admitted 95.5 % (5 agents)
-	// and 91.8 % (20 agents) of what the exact limiter admits. There a thin key takes what its
-	// checks need, one take per check as in direct mode, and the agents admit 99.6 % or more:
-	// docs/leases.md, "Thin keys on a scarce bucket".
+	// and 91.8 % (20 agents) of what the exact limiter admits. There a thin key asks for what its
+	// checks need (Size, LowMark), and on a contended bucket takes per check where its share
+	// would leave it less than one standard deviation of its arrivals to spare (Contend); the
+	// agents admit 99.3 % or more: docs/leases.md, "Thin keys on a scarce bucket".
 	ThinRequests = 16
 )
 
@@ -337,27 +338,27 @@ func Low(l bucket.Limit, tokens, want bucket.Micro) bool {
 // but holds less than its agents' demand over a lifetime (beyond the refill) would otherwise hand
 // whole leases to some while the others wait their turn.
 //
-// A thin agent (Thin: its demand fills fewer than ThinRequests requests a lifetime) on a contended
-// key gets least, what its first waiting check needs, and a grant does not pace it (Paced): its
-// share would be a few requests that lapse partly unspent as often as not while other agents'
-// checks are refused, and a pace would refuse its own checks while the bucket holds their tokens.
-// It takes per check, and the bucket serves the agents' checks first come, first served, as the
-// exact limiter does; a denial paces it like any other agent, so thin agents do not all ask an
-// empty bucket again as soon as it refills one request.
-func Contend(l bucket.Limit, tokens, want, least, unit, demand, total bucket.Micro, others bool, ttl, since bucket.Millis, competing bool) (cut bucket.Micro, share int64, contended bool) {
+// A contended agent whose demand over a lifetime, m requests, would exceed its cut by less than
+// √m takes per check instead (perCheck): the cut is least, what its first waiting check needs,
+// and the grant does not pace it (Pace). Its checks arrive at random, m a lifetime on average and
+// √m either way, so a lease of nearly m lapses partly unspent in a good part of its lifetimes,
+// and on a contended bucket each token it lets lapse is a check refused on another agent; a pace
+// would refuse its own checks while the bucket holds their tokens. Taking per check, the agents'
+// checks take from the bucket first come, first served, as the exact limiter admits them. Only a
+// thin agent (fewer than ThinRequests requests a lifetime) ever does: the cut is at most three
+// quarters of m, which leaves √m or more once m is 16. A denial paces it like any other agent, so
+// agents taking per check do not all ask an empty bucket again each time it refills a request.
+func Contend(l bucket.Limit, tokens, want, least, unit, demand, total bucket.Micro, others bool, ttl, since bucket.Millis, competing bool) (cut bucket.Micro, share int64, contended, perCheck bool) {
 	if ttl <= 0 || demand <= 0 || want <= 0 || !(competing || Low(l, tokens, want)) {
-		return want, 0, false
+		return want, 0, false, false
 	}
 	d := min(demand, MaxShareDemand)
 	total = max(d, min(total, MaxShareDemand))
 	// total/1000 < 2^34, ttl <= 3·10^4 ms: the demand over a lifetime stays below 2^49.
 	if total/bucket.WholeShare*bucket.Micro(ttl) < l.Refilled(ttl)+max(0, tokens) {
-		return want, 0, false // not overloaded: what it refills and holds covers a lifetime's demand
+		return want, 0, false, false // not overloaded: what it refills and holds covers a lifetime's demand
 	}
 	share = int64(d) * bucket.WholeShare / int64(total) // d·1000 < 2^53
-	if thinFor(demand, unit, ttl) {
-		return least, share, true
-	}
 	// Its share of what refilled since it last took (a lifetime if it never did or long ago, at
 	// most FreshLeases lifetimes): an agent that asks a little later than its pace gets that much
 	// more, so the competing agents together take what the bucket refills.
@@ -393,19 +394,15 @@ func Contend(l bucket.Limit, tokens, want, least, unit, demand, total bucket.Mic
 	// the refill since it was granted (bucket.State.Return) — on a bucket that refills a lifetime's
 	// worth in a lifetime, about nothing. d/1000 < 2^34, ttl <= 3·10^4 ms.
 	fair = min(fair, d/bucket.WholeShare*bucket.Micro(longestPace(ttl)))
-	fair -= fair % max(1, unit)
-	return max(least, fair), share, true
-}
-
-// Paced reports whether a contended take by an agent reporting demand paces it (Pace): a denied
-// one always, a granted one unless the agent is thin (Contend).
-func Paced(demand, unit bucket.Micro, ttl bucket.Millis, granted bool) bool {
-	return !granted || !thinFor(demand, unit, ttl)
-}
-
-// thinFor is Thin for a lifetime in ms, as the store has it.
-func thinFor(demand, unit bucket.Micro, ttl bucket.Millis) bool {
-	return Thin(demand, max(1, unit), time.Duration(ttl)*time.Millisecond)
+	u := max(1, unit)
+	fair -= fair % u
+	// Per check where m − cut < √m, in whole requests (m < ThinRequests, so the square is small).
+	if m := d / bucket.WholeShare * bucket.Micro(ttl) / u; m < ThinRequests {
+		if left := m - fair/u; left*left < m {
+			return least, share, true, true
+		}
+	}
+	return max(least, fair), share, true, false
 }
 
 // longestPace is the longest an agent is paced: until a lease sized to its demand over its

@@ -252,38 +252,49 @@ func TestContend(t *testing.T) {
 		if tc.name == "direct mode (no lifetime): never contended" {
 			ttl = 0
 		}
-		cut, share, contended := Contend(l, tc.tokens, tc.want, 3*tok, tok, tc.demand, tc.total, tc.others, ttl, tc.since, tc.competing)
+		cut, share, contended, _ := Contend(l, tc.tokens, tc.want, 3*tok, tok, tc.demand, tc.total, tc.others, ttl, tc.since, tc.competing)
 		if cut != tc.cut || share != tc.share || contended != tc.contended {
 			t.Errorf("%s: Contend = %d µ, %d‰, %v; want %d µ, %d‰, %v", tc.name, cut, share, contended, tc.cut, tc.share, tc.contended)
 		}
 	}
 }
 
-// TestContendThin: on an overloaded bucket (a key of 100 a second at 110 a second from many
-// agents), a thin agent (5.5 a second: under ThinRequests requests a lifetime) takes what its
-// first check needs, and a grant does not pace it (a denial does); an agent with ThinRequests
-// requests a lifetime gets its share of the pool and is paced.
+// TestContendThin: on an overloaded bucket (a key of 100 a second, burst 100: leases of 250 ms,
+// a pool of 25 tokens of refill per lifetime), an agent whose demand over a lifetime (m requests)
+// would exceed its cut by less than √m takes per check: its cut is least, and its grant is not
+// paced. One with more demand beyond its share, or with ThinRequests requests a lifetime or more,
+// keeps its share.
 func TestContendThin(t *testing.T) {
 	const tok = bucket.PerToken
 	l := limit(t, 100, 100, time.Second)
-	ttl := bucket.Millis(TTL(l) / time.Millisecond) // 250 ms: the pool is 25 tokens of refill
-	thin := 5500 * tok / 1000
-	cut, share, contended := Contend(l, 0, 3*tok, tok, tok, thin, 110*tok, true, ttl, ttl, false)
-	if cut != tok || share != 50 || !contended || Paced(thin, tok, ttl, true) || !Paced(thin, tok, ttl, false) {
-		t.Errorf("thin agent: Contend = %d µ, %d‰, %v, paced granted %v, denied %v; want one request, 50‰, contended, not paced when granted",
-			cut, share, contended, Paced(thin, tok, ttl, true), Paced(thin, tok, ttl, false))
-	}
-	// 64 of 150 a second: 426‰ of the 25 tokens, at most its demand over three quarters of a
-	// lifetime (12 tokens), in whole requests.
-	cut, share, contended = Contend(l, 0, 20*tok, tok, tok, 64*tok, 150*tok, true, ttl, ttl, false)
-	if cut != 10*tok || share != 426 || !contended || !Paced(64*tok, tok, ttl, true) {
-		t.Errorf("agent of sixteen requests a lifetime: Contend = %d µ, %d‰, %v; want 10 tokens, 426‰, contended, paced",
-			cut, share, contended)
-	}
-	// Requests of several tokens: thin is counted in requests.
-	if Paced(316*tok, 5*tok, ttl, true) || !Paced(320*tok, 5*tok, ttl, true) {
-		t.Errorf("requests of 5 tokens: paced at 79 tokens a lifetime %v, at 80 %v; want false, true",
-			Paced(316*tok, 5*tok, ttl, true), Paced(320*tok, 5*tok, ttl, true))
+	ttl := bucket.Millis(TTL(l) / time.Millisecond)
+	for _, tc := range []struct {
+		name          string
+		demand, total bucket.Micro
+		unit          bucket.Micro
+		cut           bucket.Micro
+		share         int64
+		perCheck      bool
+	}{
+		// 5.5 a second of 110: m = 1, its share of 25 tokens 1.25, at most its demand over
+		// three quarters of a lifetime (1.03): 1 token, and 1 − 1 < √1.
+		{"5.5 of 110 a second", 5500 * tok / 1000, 110 * tok, tok, tok, 50, true},
+		// 15 of 110: m = 3, its share 3.4 tokens, at most 2.8: 2, and 3 − 2 < √3.
+		{"15 of 110 a second", 15 * tok, 110 * tok, tok, tok, 136, true},
+		// 15 of 300: m = 3, its share 1.25 tokens: 1, and 3 − 1 ≥ √3: a lease of one, paced.
+		{"15 of 300 a second", 15 * tok, 300 * tok, tok, tok, 50, false},
+		// 64 of 150: m = 16, its share 10.6 tokens, at most 12: 10 (ThinRequests or more: never
+		// per check).
+		{"64 of 150 a second", 64 * tok, 150 * tok, tok, 10 * tok, 426, false},
+		// Requests of 5 tokens: m counts requests. 60 tokens a second of 110 is 3 requests a
+		// lifetime, its share of 25 tokens 13.6, at most 11.25: two requests, 3 − 2 < √3.
+		{"requests of 5 tokens", 60 * tok, 110 * tok, 5 * tok, 5 * tok, 545, true},
+	} {
+		cut, share, contended, perCheck := Contend(l, 0, 20*tok, tc.unit, tc.unit, tc.demand, tc.total, true, ttl, ttl, false)
+		if cut != tc.cut || share != tc.share || !contended || perCheck != tc.perCheck {
+			t.Errorf("%s: Contend = %d µ, %d‰, contended %v, per check %v; want %d µ, %d‰, contended, per check %v",
+				tc.name, cut, share, contended, perCheck, tc.cut, tc.share, tc.perCheck)
+		}
 	}
 }
 
@@ -295,11 +306,11 @@ func TestContendDayBudget(t *testing.T) {
 	l := limit(t, 100, 1, 24*time.Hour)
 	ttl := bucket.Millis(TTL(l) / time.Millisecond) // MaxTTL: 30 s
 	// 20 tokens left (below the low mark), a tenth of a token a second: 3 over a lifetime.
-	if cut, share, contended := Contend(l, 20*tok, 2*tok, tok, tok, tok/10, tok/10, false, ttl, 0, true); contended || cut != 2*tok || share != 0 {
+	if cut, share, contended, _ := Contend(l, 20*tok, 2*tok, tok, tok, tok/10, tok/10, false, ttl, 0, true); contended || cut != 2*tok || share != 0 {
 		t.Errorf("3 tokens of demand over a lifetime on 20 held: Contend = %d µ, %d‰, %v; want 2 tokens, uncontended", cut, share, contended)
 	}
 	// A token a second: 30 over a lifetime, more than the 20 held: its share of them, paced.
-	cut, share, contended := Contend(l, 20*tok, 2*tok, tok, tok, tok, tok, false, ttl, 0, true)
+	cut, share, contended, _ := Contend(l, 20*tok, 2*tok, tok, tok, tok, tok, false, ttl, 0, true)
 	if !contended || share != bucket.WholeShare || cut != 20*tok {
 		t.Errorf("30 tokens of demand over a lifetime on 20 held: Contend = %d µ, %d‰, %v; want all 20, contended", cut, share, contended)
 	}
@@ -351,7 +362,11 @@ func FuzzContend(f *testing.F) {
 		tk, w, le := bucket.Micro(tokens%uint64(c+1)), bucket.Micro(want%uint64(c+1)), bucket.Micro(least%uint64(c)+1)
 		d, tot := bucket.Micro(demand%uint64(maxDemand)), bucket.Micro(total%uint64(maxDemand))
 		ttl %= int64(MaxTTL/time.Millisecond) + 1
-		cut, share, contended := Contend(l, tk, w, le, tok, d, tot, others, bucket.Millis(ttl), bucket.Millis(since), competing)
+		cut, share, contended, perCheck := Contend(l, tk, w, le, tok, d, tot, others, bucket.Millis(ttl), bucket.Millis(since), competing)
+		if perCheck && (!contended || cut != le || min(d, MaxShareDemand)/bucket.WholeShare*bucket.Micro(ttl) >= ThinRequests*tok) {
+			t.Fatalf("per check: contended %v, cut %d µ (least %d), demand %d µ/s over %d ms: want contended, least, a thin agent",
+				contended, cut, le, d, ttl)
+		}
 		if !contended {
 			if cut != w || share != 0 {
 				t.Fatalf("uncontended: cut %d (want %d), share %d", cut, w, share)
