@@ -52,8 +52,8 @@ const (
 	// so a refill round trip completes before the lease runs dry at the observed rate.
 	LowWater = 250
 
-	// ThinRequests: a key whose demand on an agent fills fewer than this many requests per lease
-	// lifetime is thin there. Its checks come a few per lifetime, at random, and a lease sized to
+	// ThinRequests is the demand below which a key is thin on an agent: fewer than this many
+	// requests per lease lifetime. Its checks come a few per lifetime, at random, and a lease sized to
 	// them lapses with part of it unspent a good part of the time: at four requests a lifetime a
 	// lease of three is not used up in one lifetime out of four. On a bucket with tokens to spare
 	// that costs nothing (the refill covers what lapsed); where the bucket is short of tokens
