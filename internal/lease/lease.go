@@ -53,9 +53,9 @@ const (
 	LowWater = 250
 
 	// ThinRequests is the demand below which a key is thin on an agent: fewer than this many
-	// requests per lease lifetime. Its checks come a few per lifetime, at random, and a lease sized to
-	// them lapses with part of it unspent a good part of the time: at four requests a lifetime a
-	// lease of three is not used up in one lifetime out of four. On a bucket with tokens to spare
+	// requests per lease lifetime. A thin key's checks come a few per lifetime, at random, and a
+	// lease sized to them lapses with part of it unspent a good part of the time: at four requests
+	// a lifetime a lease of three is not used up in one lifetime out of four. On a bucket with tokens to spare
 	// that costs nothing (the refill covers what lapsed); where the bucket is short of tokens
 	// (Ask.Scarce, a contended take), every lapsed token is a check refused elsewhere, and the
 	// simulator measures it: agents sharing a key at 1.1 times its rate admitted 95.5 % (5 agents)
