@@ -28,8 +28,9 @@ type Store interface {
 // last one that agent made on the same key is answered from a record kept inside the key, without
 // charging or crediting again. Seq must grow with every new operation of an agent (retries reuse
 // it); a Seq below the last recorded one is Stale and does nothing. Records live in the bucket's
-// own key, one per agent and kind, and records older than RecordKeep are swept once a key holds
-// more than MaxRecords of them, so a key's bookkeeping is bounded by the agents that used it
+// own key, one per agent and kind. When a record is added to a key that then holds more than
+// MaxRecords of them, those older than RecordKeep are swept (an agent's next operation rewrites
+// its own record and adds none), so a key's bookkeeping is bounded by the agents that used it
 // recently. The zero OpID is not idempotent.
 type OpID struct {
 	Agent string

@@ -255,29 +255,34 @@ func (sh *shard) take(r *coordinator.TakeRequest, now bucket.Millis) coordinator
 	return coordinator.TakeResult{Result: res, Credited: credited, Debited: debited, Pace: pace, Now: e.state.Last}
 }
 
-// recordTake keeps rec as op's agent's last Take on the key and sweeps old records.
+// recordTake keeps rec as op's agent's last Take on the key and, when the record is new, sweeps
+// old records.
 func (e *entry) recordTake(op coordinator.OpID, rec takeRecord) {
-	keepRecord(&e.takes, op.Agent, rec)
-	e.sweepRecords()
+	if keepRecord(&e.takes, op.Agent, rec) {
+		e.sweepRecords()
+	}
 }
 
-// recordReturn keeps rec as op's agent's last Return on the key and sweeps old records.
+// recordReturn keeps rec as op's agent's last Return on the key and, when the record is new,
+// sweeps old records.
 func (e *entry) recordReturn(op coordinator.OpID, rec returnRecord) {
-	keepRecord(&e.returns, op.Agent, rec)
-	e.sweepRecords()
+	if keepRecord(&e.returns, op.Agent, rec) {
+		e.sweepRecords()
+	}
 }
 
 // keepRecord sets agent's record in *m, allocating the map and a copy of the agent's id (it may
-// point into a request) only when they are new.
-func keepRecord[R any](m *map[string]R, agent string, rec R) {
+// point into a request) only when they are new, and reports whether the record is new.
+func keepRecord[R any](m *map[string]R, agent string, rec R) (added bool) {
 	if *m == nil {
 		*m = make(map[string]R, 1)
 	}
 	if _, ok := (*m)[agent]; ok {
 		(*m)[agent] = rec
-	} else {
-		(*m)[strings.Clone(agent)] = rec
+		return false
 	}
+	(*m)[strings.Clone(agent)] = rec
+	return true
 }
 
 // counterOf is the calendar counter held by e, or a fresh one when e is nil (counter.lua's
@@ -418,7 +423,8 @@ func (e *entry) setExpiry(l bucket.Limit) {
 }
 
 // sweepRecords drops the records older than RecordKeep on the key clock once the key holds more
-// than MaxRecords of them (the rule of bucket.lua).
+// than MaxRecords of them (the rule of bucket.lua). It runs when a record is added: only then can
+// there be more.
 func (e *entry) sweepRecords() {
 	if len(e.takes)+len(e.returns)+len(e.multis) <= coordinator.MaxRecords {
 		return

@@ -91,9 +91,10 @@ func (s *Store) takeAll(r *coordinator.TakeRequest, now bucket.Millis) coordinat
 	}
 	e := entries[0]
 	if r.Op.Agent != "" {
-		keepRecord(&e.multis, r.Op.Agent, multiRecord{Seq: r.Op.Seq, Granted: res.Granted, Remaining: res.Remaining,
-			RetryAfter: res.RetryAfter, Refused: refused, Now: e.state.Last})
-		e.sweepRecords()
+		if keepRecord(&e.multis, r.Op.Agent, multiRecord{Seq: r.Op.Seq, Granted: res.Granted, Remaining: res.Remaining,
+			RetryAfter: res.RetryAfter, Refused: refused, Now: e.state.Last}) {
+			e.sweepRecords()
+		}
 	}
 	return coordinator.TakeResult{Result: res, Now: e.state.Last, Refused: refused}
 }

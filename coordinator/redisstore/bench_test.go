@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -70,6 +71,85 @@ func BenchmarkTakeBatch100(b *testing.B) {
 		reqs[i] = coordinator.TakeRequest{Key: "tenant-" + strconv.Itoa(i), Limit: l, Want: tok, Min: tok}
 	}
 	runTakes(b, s, counter, reqs)
+}
+
+// BenchmarkTakeBatch100Agent is BenchmarkTakeBatch100 as an agent sends it: each take carries the
+// agent's OpID, so each key keeps the agent's record, as in production. It reports what Redis did
+// per take (INFO commandstats): the commands it ran, scripts and the commands they call alike,
+// and the microseconds its script commands took.
+func BenchmarkTakeBatch100Agent(b *testing.B) {
+	s, rdb, counter := benchStore(b)
+	l := benchLimit(b)
+	reqs := make([]coordinator.TakeRequest, 100)
+	for i := range reqs {
+		reqs[i] = coordinator.TakeRequest{Key: "tenant-" + strconv.Itoa(i), Limit: l, Want: tok, Min: tok,
+			Op: coordinator.OpID{Agent: "node-17.eu-west-1"}}
+	}
+	ctx := context.Background()
+	seq := uint64(0)
+	take := func() {
+		seq++
+		for i := range reqs {
+			reqs[i].Op.Seq = seq
+		}
+		res, err := s.Take(ctx, reqs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, r := range res {
+			if r.Err != nil || r.Granted != tok {
+				b.Fatal(r.Err, r.Granted)
+			}
+		}
+	}
+	take() // every key and record created: what follows is the steady state
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	counter.reset()
+	b.ReportAllocs()
+	takes := 0
+	for b.Loop() {
+		take()
+		takes += len(reqs)
+	}
+	calls, usec := commandStats(b, rdb)
+	b.ReportMetric(float64(calls)/float64(takes), "redis-cmds/take")
+	b.ReportMetric(usec/float64(takes), "redis-script-µs/take")
+	b.ReportMetric(float64(takes)/b.Elapsed().Seconds(), "grants/s")
+}
+
+// commandStats sums the calls of every command in INFO commandstats (the INFO itself is not yet
+// counted when it answers), and the microseconds of the script commands.
+func commandStats(b *testing.B, rdb *redis.Client) (calls int64, scriptUsec float64) {
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		for field := range strings.SplitSeq(rest, ",") {
+			k, v, _ := strings.Cut(field, "=")
+			switch {
+			case k == "calls":
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				calls += n
+			case k == "usec" && (name == "cmdstat_evalsha" || name == "cmdstat_eval"):
+				u, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				scriptUsec += u
+			}
+		}
+	}
+	return calls, scriptUsec
 }
 
 // BenchmarkTakeHotKeyParallel is the throughput of one hot key from many goroutines: the script is

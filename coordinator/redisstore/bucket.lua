@@ -81,6 +81,9 @@ if op == 'take' then
   took_at = rec_at
 end
 
+-- The record this operation writes is new on a key that held state: only then may the sweep
+-- (common.lua) find more records than it keeps.
+local new_record = not record and tokens ~= nil and last ~= nil
 if not tokens or not last then
   tokens, last, frac = capacity, now, 0 -- bucket.Full
 end
@@ -252,6 +255,6 @@ end
 if compete_until then
   fixed = fixed + 1
 end
-sweep(fixed, last)
+sweep(fixed, last, new_record)
 
 return {granted, tokens, retry, last, 0, credited, pace, debited}

@@ -114,11 +114,15 @@ local function charge(tokens, debt, max_debt)
   return math.max(0, math.min(debt, tokens + max_debt))
 end
 
--- Sweep: once the key holds more than max_records records besides its fixed fields, drop those
--- older than record_keep on the key clock last. The loop walks only this key's own fields: the
--- records of agents active within record_keep plus at most max_records older ones.
-local function sweep(fixed, last)
-  if not rec_field or redis.call('HLEN', key) - fixed <= max_records then
+-- Sweep: when this operation added its record to a key that held state before (new_record: the
+-- record's field did not exist; on a key that did not, the operation wrote the only record), and
+-- the key now holds more than max_records records besides its fixed fields, drop those older than
+-- record_keep on the key clock last. Records are counted only when one is added, as only then
+-- can there be more: an agent's next operation rewrites its own record, and costs no HLEN. The
+-- loop walks only this key's own fields: the records of agents active within record_keep plus at
+-- most max_records older ones.
+local function sweep(fixed, last, new_record)
+  if not rec_field or not new_record or redis.call('HLEN', key) - fixed <= max_records then
     return
   end
   local all = redis.call('HGETALL', key)

@@ -56,6 +56,9 @@ if answer then
   return answer
 end
 
+-- The record this operation writes is new on a key that held state: only then may the sweep
+-- (common.lua) find more records than it keeps.
+local new_record = not record and tokens ~= nil and last ~= nil
 if not tokens or not last then
   tokens, last, period = quota, now, 0 -- bucket.FreshCounter
 end
@@ -130,6 +133,6 @@ if not injected then
 end
 
 -- Sweep (common.lua): besides the records, the key holds t, l, p and x.
-sweep(4, last)
+sweep(4, last, new_record)
 
 return {granted, tokens, retry, last, 0, credited, 0, debited}

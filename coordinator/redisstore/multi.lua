@@ -63,6 +63,7 @@ end
 -- with no records, and a missing key is full as of now (bucket.Full).
 local st = {}
 local record = nil
+local new_record = false -- the record written is new on a KEYS[1] that held state (common.lua's sweep)
 local competes = false -- KEYS[1] holds c (bucket.lua's contention field), kept as it is
 for i = 1, n do
   local k, m = KEYS[i], lims[i]
@@ -93,6 +94,7 @@ for i = 1, n do
     if answer then
       return answer
     end
+    new_record = not record and tokens ~= nil and last ~= nil
   end
   if not tokens or not last then
     tokens, last, frac = m.capacity, now, 0
@@ -179,6 +181,6 @@ end
 if competes then
   fixed = fixed + 1
 end
-sweep(fixed, st[1].last)
+sweep(fixed, st[1].last, new_record)
 
 return {granted, remaining, retry, st[1].last, 0, refused, 0, 0}

@@ -221,6 +221,73 @@ func TestRealClock(t *testing.T) {
 	}
 }
 
+// TestCommandsPerTake: a take on a key that holds the agent's record already runs HMGET, HSET and
+// PEXPIRE and nothing else on the key (the batch adds TIME once); records are counted (HLEN) only
+// when one is added to a key that held state.
+func TestCommandsPerTake(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	s := redisstore.New(rdb)
+	l := mustLimit(t, 100*tok, tok, 10) // 100 a second
+	batch := func(agent string, seq uint64, keys ...string) {
+		t.Helper()
+		reqs := make([]coordinator.TakeRequest, len(keys))
+		for i, k := range keys {
+			reqs[i] = coordinator.TakeRequest{Key: k, Limit: l, Want: tok, Min: tok, Op: coordinator.OpID{Agent: agent, Seq: seq}}
+		}
+		res, err := s.Take(ctx(t), reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range res {
+			if r.Err != nil || r.Granted != tok {
+				t.Fatalf("Take: %+v", r)
+			}
+		}
+	}
+	calls := func() map[string]int64 {
+		t.Helper()
+		info, err := rdb.Info(ctx(t), "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]int64{}
+		for line := range strings.SplitSeq(info, "\n") {
+			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+			cmd, isStat := strings.CutPrefix(name, "cmdstat_")
+			if !ok || !isStat {
+				continue
+			}
+			n, err := strconv.ParseInt(strings.TrimPrefix(strings.Split(rest, ",")[0], "calls="), 10, 64)
+			if err != nil {
+				t.Fatalf("%q: %v", line, err)
+			}
+			out[cmd] = n
+		}
+		return out
+	}
+	batch("a", 1, "k1", "k2") // creates both keys and a's records: no HLEN either, as they were new
+	if n := calls()["hlen"]; n != 0 {
+		t.Fatalf("HLEN ran %d times creating keys", n)
+	}
+	if err := rdb.ConfigResetStat(ctx(t)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for seq := uint64(2); seq <= 11; seq++ {
+		batch("a", seq, "k1", "k2")
+	}
+	got := calls()
+	for cmd, want := range map[string]int64{"hmget": 20, "hset": 20, "pexpire": 20, "time": 10, "hlen": 0, "hgetall": 0} {
+		if got[cmd] != want {
+			t.Errorf("%s ran %d times in 10 batches of 2 takes on keys holding the agent's record, want %d (all: %v)", cmd, got[cmd], want, got)
+		}
+	}
+	batch("b", 1, "k1") // a new record on a key that held state: counted
+	if n := calls()["hlen"]; n != 1 {
+		t.Errorf("HLEN ran %d times after a record was added to a key, want 1", n)
+	}
+}
+
 // tripCounter counts round trips (pipelines and single script commands) and script loads per node
 // address.
 type tripCounter struct {

@@ -699,6 +699,31 @@ var cases = []testCase{
 		f.take(op("over", "new"), want{granted: 1, remaining: full - coordinator.MaxRecords - 1, now: newAt,
 			replayed: true})
 	}},
+	{"RecordSweepOnAdd", func(f *fixture) {
+		// Records are swept when one is added, never when an agent rewrites its own: a key that
+		// holds more than MaxRecords old records keeps them through old-0's next take, and the
+		// first record added after it sweeps them.
+		l := limit(f.t, 1000*tok, 0, 0)
+		op := func(agent string, seq uint64) coordinator.TakeRequest {
+			r := take("k", l, 1, 1)
+			r.Op = coordinator.OpID{Agent: agent, Seq: seq}
+			return r
+		}
+		const full = 1000 * tok
+		reqs := make([]coordinator.TakeRequest, coordinator.MaxRecords+1)
+		for i := range reqs {
+			reqs[i] = op("old-"+strconv.Itoa(i), 1)
+		}
+		f.takes(reqs...)
+		f.advance(coordinator.RecordKeep + 1)
+		n := bucket.Micro(len(reqs))
+		f.take(op("old-0", 2), want{granted: 1, remaining: full - n - 1, now: f.now})
+		f.take(op("old-1", 1), want{granted: 1, remaining: full - 2, now: start, replayed: true})
+		f.take(op("new", 1), want{granted: 1, remaining: full - n - 2, now: f.now})
+		// Swept: old-1's take is new again and charges; old-0's rewritten record stays.
+		f.take(op("old-1", 1), want{granted: 1, remaining: full - n - 3, now: f.now})
+		f.take(op("old-0", 2), want{granted: 1, remaining: full - n - 1, now: f.now, replayed: true})
+	}},
 	{"LogicalExpiry", func(f *fixture) {
 		l := limit(f.t, 10*tok, tok, 100)
 		r := take("k", l, tok, tok)
