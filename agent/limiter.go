@@ -32,6 +32,11 @@ type Config struct {
 	// Guard is subtracted from every lease's lifetime: the most the caller's clock may lag real
 	// time (clock.Guard for a clock.Coarse; 0 for an exact clock).
 	Guard clock.Nanos
+	// Exact reads the time without that lag (clock.Coarse.Fresh for a clock.Coarse), for a lease
+	// in its last Guard: a check that finds its key's lease past its deadline by the caller's
+	// clock, with no lease to replace it, is served from it while Exact reads, before and after
+	// the spend, within the lease's whole lifetime. nil: every lease ends Guard early.
+	Exact func() clock.Nanos
 	// RecordForfeits keeps a record of every lease given up instead of handed back, for Forfeits
 	// (the simulator's ledgers); off, they are only counted.
 	RecordForfeits bool
@@ -308,6 +313,15 @@ func (l *Limiter) slowCheck(now clock.Nanos, e *entry, c int64) Verdict {
 		if l.promoteLocked(now, e) {
 			continue
 		}
+		// Past its deadline by the caller's clock with nothing to replace it: the lease may be in
+		// its last Guard. (A prefetched lease replaces it first, above, so a hot key's checks go
+		// back to the lock-free path at once.)
+		if left, ok := l.graceLocked(now, e, c); ok {
+			if left < e.lowWater.Load() {
+				l.queueLocked(e)
+			}
+			return Verdict{Outcome: Allow, Remaining: bucket.Micro(left + e.remaining.Load()), Rule: e.rule, Limits: e.lim}
+		}
 		// Denied, or paced (agents compete for the bucket and this one had its share): answer
 		// locally until then.
 		if until := clock.Nanos(e.deniedUntil.Load()); now < until {
@@ -326,6 +340,34 @@ func (l *Limiter) slowCheck(now clock.Nanos, e *entry, c int64) Verdict {
 		l.queueLocked(e)
 		return Verdict{Outcome: Wait, Ticket: t, Rule: e.rule, Limits: e.lim}
 	}
+}
+
+// graceLocked spends c from e's current lease past its deadline by the caller's reading (now) but
+// in its last Guard, if the exact clock (Config.Exact) reads before the lease's whole lifetime both
+// before and after the spend: the deadline is the lifetime less Guard because the caller decides
+// by a reading that may be that much older than the moment it spends, and a check in that last
+// stretch would otherwise lose the lease. The second reading dates the spend itself; a spend it
+// finds too late is undone (under e.mu the lease cannot be retired meanwhile). ok is false when
+// it cannot serve (no exact clock, no lease, too few tokens, or its lifetime is over). e.mu is
+// held.
+func (l *Limiter) graceLocked(now clock.Nanos, e *entry, c int64) (left int64, ok bool) {
+	exp := clock.Nanos(e.expires.Load())
+	if l.cfg.Exact == nil || l.cfg.Guard <= 0 || exp == 0 || now < exp || e.tokens.Load() < c {
+		return 0, false
+	}
+	end := exp + l.cfg.Guard // the lease's whole lifetime, from the moment its Acquire was sent
+	if l.cfg.Exact() >= end {
+		return 0, false
+	}
+	if left, ok = e.spend(exp-1, c); !ok { // exp-1: before the deadline it was installed with
+		return 0, false
+	}
+	if l.cfg.Exact() >= end {
+		e.tokens.Add(c)
+		return 0, false
+	}
+	l.stats.Grace.Add(1)
+	return left, true
 }
 
 // promoteLocked replaces an exhausted or expired current lease by the prefetched one.
@@ -488,6 +530,7 @@ type Stats struct {
 	DebtForgiven     atomic.Uint64 // µ of debt not debited: the bucket was at its max_debt below zero
 	DebtLost         atomic.Uint64 // µ of debt never sent: its bucket went with a replaced policy, or its call may have failed unapplied
 	Expired          atomic.Uint64 // leases that expired with tokens left
+	Grace            atomic.Uint64 // checks served from a lease in its last Guard, by the exact clock (Config.Exact)
 	Evicted          atomic.Uint64 // keys evicted by the LRU bound
 	Released         atomic.Uint64 // waiting checks told to check again: their key was retired while they waited
 	PolicyMismatch   atomic.Uint64 // coordinator did not know the policy version or a route

@@ -19,9 +19,13 @@ import (
 
 // TestLeaseCore runs the lease core's specification files in testdata/lease. Times are in ms.
 //
-//	policy [guard=ms] [max-keys=n]     a new Limiter with the YAML policy in the input
-//	check t=T tenant=X path=P op=O [cost=N]
-//	                                   a Wait verdict's ticket is kept: tickets shows it
+//	policy [guard=ms] [exact] [max-keys=n]
+//	                                   a new Limiter with the YAML policy in the input; with exact,
+//	                                   it reads an exact clock (Config.Exact) that check sets
+//	check t=T tenant=X path=P op=O [cost=N] [exact=T] [exact-then=T]
+//	                                   a Wait verdict's ticket is kept: tickets shows it; the
+//	                                   exact clock reads exact (T if not given) during the check,
+//	                                   or exact once and exact-then from the second reading on
 //	call t=T                           the next call the core sends (NextCall); it is in flight
 //	respond t=T [seq=N] [error=unavailable|deadline|invalid|unknown-version]
 //	                                   the reply to the call in flight with seq N (the oldest)
@@ -45,6 +49,7 @@ func TestLeaseCore(t *testing.T) {
 			l       *Limiter
 			calls   []*Call // in flight
 			tickets []*Ticket
+			exactAt []clock.Nanos // what Config.Exact reads, for the policy's exact: each in turn, the last for good
 		)
 		at := func(d *datadriven.TestData) clock.Nanos {
 			var ms int64
@@ -67,6 +72,15 @@ func TestLeaseCore(t *testing.T) {
 				if d.HasArg("max-keys") {
 					d.ScanArgs(t, "max-keys", &cfg.MaxKeys)
 				}
+				if d.HasArg("exact") {
+					cfg.Exact = func() clock.Nanos {
+						r := exactAt[0]
+						if len(exactAt) > 1 {
+							exactAt = exactAt[1:]
+						}
+						return r
+					}
+				}
 				if l == nil {
 					l = New(cfg, set)
 				} else {
@@ -79,6 +93,16 @@ func TestLeaseCore(t *testing.T) {
 				d.ScanArgs(t, "path", &q.Path)
 				d.ScanArgs(t, "op", &q.Operation)
 				d.MaybeScanArgs(t, "cost", &q.Cost)
+				exactAt = []clock.Nanos{at(d)}
+				var ms int64
+				if d.HasArg("exact") {
+					d.ScanArgs(t, "exact", &ms)
+					exactAt[0] = clock.Nanos(ms) * clock.Nanos(time.Millisecond)
+				}
+				if d.HasArg("exact-then") {
+					d.ScanArgs(t, "exact-then", &ms)
+					exactAt = append(exactAt, clock.Nanos(ms)*clock.Nanos(time.Millisecond))
+				}
 				v, err := l.Check(at(d), q)
 				if err != nil {
 					return "error: " + err.Error()

@@ -219,7 +219,7 @@ type coreCollector struct {
 
 var coreDescs = struct {
 	grants, grantedTokens, refillDenials, itemFailures, acquires, resends, returns, returnedTokens,
-	creditedTokens, lostTokens, skippedReturns, skippedTokens, expiries, evictions, degraded, shadow, mismatches,
+	creditedTokens, lostTokens, skippedReturns, skippedTokens, expiries, grace, evictions, degraded, shadow, mismatches,
 	settleHolds, settleDropped, settles, settleCredited, settleUncredited, settleSpent *prometheus.Desc
 	debtTokens, debtCharged, debtForgiven, debtLost, holdsWaiting                                      *prometheus.Desc
 	refunds, refundsLost, refundsLostTokens, outstanding, keys, inflight, queuedRefills, queuedReturns *prometheus.Desc
@@ -237,6 +237,7 @@ var coreDescs = struct {
 	skippedReturns:    desc("lease_skipped_returns_total", "Expired leases not returned because the refill since their grant covers their unspent tokens (a Return would credit nothing)."),
 	skippedTokens:     desc("lease_skipped_tokens_total", "Unspent tokens of the expired leases not returned (lease_skipped_returns_total)."),
 	expiries:          desc("lease_expiries_total", "Leases that expired with tokens left."),
+	grace:             desc("lease_grace_checks_total", "Checks served from a lease in its last clock guard: past its deadline by the coarse clock, within its lifetime by the exact clock."),
 	evictions:         desc("evictions_total", "Keys evicted from the lease table by its size bound (their leases are returned)."),
 	degraded:          desc("degraded_admissions_total", "Checks allowed by a local emergency bucket while the global state was unreachable."),
 	shadow:            desc("shadow_denials_total", "Checks a shadow rule would have denied (answered allow)."),
@@ -274,7 +275,7 @@ var storeOpsDesc = prometheus.NewDesc("leasebucket_agent_store_operations_total"
 func (c *coreCollector) Describe(ch chan<- *prometheus.Desc) {
 	d := coreDescs
 	for _, x := range []*prometheus.Desc{d.grants, d.grantedTokens, d.refillDenials, d.itemFailures, d.acquires, d.resends,
-		d.returns, d.returnedTokens, d.creditedTokens, d.lostTokens, d.skippedReturns, d.skippedTokens, d.expiries, d.evictions, d.degraded, d.shadow,
+		d.returns, d.returnedTokens, d.creditedTokens, d.lostTokens, d.skippedReturns, d.skippedTokens, d.expiries, d.grace, d.evictions, d.degraded, d.shadow,
 		d.mismatches, d.refunds, d.refundsLost, d.refundsLostTokens, d.outstanding, d.keys, d.inflight, d.queuedRefills, d.queuedReturns,
 		d.settleHolds, d.settleDropped, d.settles, d.settleCredited, d.settleUncredited, d.settleSpent,
 		d.debtTokens, d.debtCharged, d.debtForgiven, d.debtLost, d.holdsWaiting, storeOpsDesc} {
@@ -304,6 +305,7 @@ func (c *coreCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(d.skippedReturns, float64(s.ReturnsSkipped.Load()))
 	counter(d.skippedTokens, tokens(s.SkippedMicro.Load()))
 	counter(d.expiries, float64(s.Expired.Load()))
+	counter(d.grace, float64(s.Grace.Load()))
 	counter(d.evictions, float64(s.Evicted.Load()))
 	counter(d.degraded, float64(s.Degraded.Load()))
 	counter(d.shadow, float64(s.ShadowDenied.Load()))

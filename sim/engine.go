@@ -44,11 +44,14 @@ type world struct {
 	set  *policy.Set
 	opts Options
 
-	now  int64 // ns: the virtual clock
-	end  int64
-	tick int64
-	seq  uint64
-	heap []event
+	now int64 // ns: the virtual clock
+	// checkAt is the time of the check an agent is deciding (a batch's arrivals are checked at
+	// their own times, at or after now): the agents' exact clock (agent.Config.Exact).
+	checkAt int64
+	end     int64
+	tick    int64
+	seq     uint64
+	heap    []event
 
 	regions []*region
 	stores  []*store

@@ -109,10 +109,12 @@ type waiter struct {
 func (w *world) start(n *node) {
 	n.born++
 	inc := &incarnation{node: n, id: fmt.Sprintf("%s/agent-%d.%d", n.region.name, n.idx, n.born), byKey: map[int32][]*waiter{}}
-	// The guard is cmd/agent's: its leases end clock.Guard before τ for its coarse clock's lag. The
-	// virtual clock does not lag, but the agent modelled is the production one, whose leases live
-	// that much shorter (10 % of a 250 ms lease: more renewals, and more of each lease lapsing).
-	inc.lim = agent.New(agent.Config{AgentID: inc.id, Region: n.region.name, RecordForfeits: true, Guard: clock.Guard}, w.set)
+	// The guard is cmd/agent's: its leases end clock.Guard before τ for its coarse clock's lag, and
+	// a check in that last stretch reads the exact clock (Config.Exact) and is served if the lease
+	// is still within its lifetime. The virtual clock does not lag: its exact reading is the
+	// check's own time.
+	inc.lim = agent.New(agent.Config{AgentID: inc.id, Region: n.region.name, RecordForfeits: true, Guard: clock.Guard,
+		Exact: func() clock.Nanos { return clock.Nanos(w.checkAt) }}, w.set)
 	n.inc = inc
 	w.incs = append(w.incs, inc)
 	if t := w.now + int64(w.sc.Agent.SweepEvery); t < w.end {
@@ -223,6 +225,7 @@ func (w *world) pumpIfDue(inc *incarnation) {
 // wt is the waiter being checked again, nil for a new check.
 func (w *world) check(inc *incarnation, ri int32, t, arrival int64, wt *waiter) {
 	rq := &w.reqs[ri]
+	w.checkAt = t
 	v, err := inc.lim.Check(clock.Nanos(t), rq.query)
 	w.res.Checks++
 	if err != nil {

@@ -262,7 +262,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	defer clk.Close()
 	metrics := agent.NewMetrics()
 	lim = agent.New(agent.Config{
-		AgentID: id, Region: cfg.region, MaxKeys: cfg.maxKeys, Guard: clock.Guard,
+		AgentID: id, Region: cfg.region, MaxKeys: cfg.maxKeys, Guard: clock.Guard, Exact: clk.Fresh,
 		SettleWindow: cfg.settleWindow, MaxHolds: cfg.maxSettleHolds,
 	}, src.Current())
 	ref := agent.NewRefresher(agent.RefresherConfig{
