@@ -247,24 +247,8 @@ func TestCommandsPerTake(t *testing.T) {
 	}
 	calls := func() map[string]int64 {
 		t.Helper()
-		info, err := rdb.Info(ctx(t), "commandstats").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := map[string]int64{}
-		for line := range strings.SplitSeq(info, "\n") {
-			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-			cmd, isStat := strings.CutPrefix(name, "cmdstat_")
-			if !ok || !isStat {
-				continue
-			}
-			n, err := strconv.ParseInt(strings.TrimPrefix(strings.Split(rest, ",")[0], "calls="), 10, 64)
-			if err != nil {
-				t.Fatalf("%q: %v", line, err)
-			}
-			out[cmd] = n
-		}
-		return out
+		c, _ := commandStats(t, rdb)
+		return c
 	}
 	batch("a", 1, "k1", "k2") // creates both keys and a's records: no HLEN either, as they were new
 	if n := calls()["hlen"]; n != 0 {
