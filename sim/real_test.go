@@ -275,7 +275,8 @@ func (rr realRun) run(tb testing.TB) realResult {
 	)
 	startAgent := func(i int) {
 		born[i]++
-		a := &realAgent{lim: agent.New(agent.Config{AgentID: fmt.Sprintf("real-%d.%d", i, born[i]), Region: w.nodes[i].region.name, Guard: clock.Guard}, w.set)}
+		a := &realAgent{lim: agent.New(agent.Config{AgentID: fmt.Sprintf("real-%d.%d", i, born[i]), Region: w.nodes[i].region.name,
+			Guard: clock.Guard, Exact: clk.Fresh}, w.set)} // as cmd/agent
 		var c agent.Coordinator = cc
 		if rr.wrap != nil {
 			c = rr.wrap(c)
