@@ -3,7 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -11,6 +10,7 @@ import (
 	"github.com/leasebucket/leasebucket/coordinator"
 	"github.com/leasebucket/leasebucket/coordinator/redisstore"
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
 )
 
 // benchStore is a Store on a fresh redis-server with the script loaded, and a counter of its
@@ -113,50 +113,31 @@ func BenchmarkTakeBatch100Agent(b *testing.B) {
 		take()
 		takes += len(reqs)
 	}
-	calls, usec := commandStats(b, rdb)
-	total := int64(0)
-	for _, n := range calls {
-		total += n
+	var calls, usec float64
+	for cmd, c := range commandStats(b, rdb) {
+		calls += c.Calls
+		if redistest.ScriptCommands[cmd] {
+			usec += c.Usec
+		}
 	}
-	b.ReportMetric(float64(total)/float64(takes), "redis-cmds/take")
+	b.ReportMetric(calls/float64(takes), "redis-cmds/take")
 	b.ReportMetric(usec/float64(takes), "redis-script-µs/take")
 	b.ReportMetric(float64(takes)/b.Elapsed().Seconds(), "grants/s")
 }
 
-// commandStats reads INFO commandstats: the calls of each command (the INFO itself is not yet
-// counted when it answers), and the microseconds of the script commands.
-func commandStats(tb testing.TB, rdb *redis.Client) (calls map[string]int64, scriptUsec float64) {
+// commandStats reads INFO commandstats: each command's calls (the INFO itself is not yet counted
+// when it answers) and microseconds.
+func commandStats(tb testing.TB, rdb *redis.Client) map[string]redistest.CommandStat {
 	tb.Helper()
 	info, err := rdb.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	calls = map[string]int64{}
-	for line := range strings.SplitSeq(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		cmd, isStat := strings.CutPrefix(name, "cmdstat_")
-		if !ok || !isStat {
-			continue
-		}
-		for field := range strings.SplitSeq(rest, ",") {
-			k, v, _ := strings.Cut(field, "=")
-			switch {
-			case k == "calls":
-				n, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					tb.Fatalf("%q: %v", line, err)
-				}
-				calls[cmd] = n
-			case k == "usec" && (cmd == "evalsha" || cmd == "eval"):
-				u, err := strconv.ParseFloat(v, 64)
-				if err != nil {
-					tb.Fatalf("%q: %v", line, err)
-				}
-				scriptUsec += u
-			}
-		}
+	stats, err := redistest.ParseCommandStats(info)
+	if err != nil {
+		tb.Fatal(err)
 	}
-	return calls, scriptUsec
+	return stats
 }
 
 // BenchmarkTakeHotKeyParallel is the throughput of one hot key from many goroutines: the script is

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
 )
 
 // clockTick is a clock tick of /proc/<pid>/stat's utime and stime: USER_HZ, 100 on Linux.
@@ -115,11 +117,6 @@ type RedisStats struct {
 	ScriptMicros float64
 }
 
-// scriptCommands are the commands that run a script or a function.
-var scriptCommands = map[string]bool{
-	"eval": true, "evalsha": true, "eval_ro": true, "evalsha_ro": true, "fcall": true, "fcall_ro": true,
-}
-
 // RedisProbe reads a redis-server's command statistics over one connection of its own, and
 // takes its own commands out of them: Redis counts a command after running it, so each INFO
 // shows every probe command before it, itself excluded.
@@ -171,34 +168,19 @@ func (p *RedisProbe) Stats(ctx context.Context) (RedisStats, error) {
 // parseCommandStats sums the calls of INFO commandstats lines
 // ("cmdstat_evalsha:calls=12,usec=…,…"), and the usec of the script commands.
 func parseCommandStats(info string) (RedisStats, error) {
+	cmds, err := redistest.ParseCommandStats(info)
+	if err != nil {
+		return RedisStats{}, fmt.Errorf("stackbench: %w", err)
+	}
 	var s RedisStats
-	for line := range strings.SplitSeq(info, "\n") {
-		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
-		cmd, isStat := strings.CutPrefix(name, "cmdstat_")
-		if !ok || !isStat {
-			continue
+	for cmd, c := range cmds {
+		s.Commands += c.Calls
+		if cmd == "hset" {
+			s.HSets += c.Calls
 		}
-		for kv := range strings.SplitSeq(stats, ",") {
-			field, v, _ := strings.Cut(kv, "=")
-			script := scriptCommands[cmd]
-			if field != "calls" && (field != "usec" || !script) {
-				continue
-			}
-			n, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				return RedisStats{}, fmt.Errorf("stackbench: commandstats %q: %w", line, err)
-			}
-			if field == "usec" {
-				s.ScriptMicros += n
-				continue
-			}
-			s.Commands += n
-			if cmd == "hset" {
-				s.HSets += n
-			}
-			if script {
-				s.Scripts += n
-			}
+		if redistest.ScriptCommands[cmd] {
+			s.Scripts += c.Calls
+			s.ScriptMicros += c.Usec
 		}
 	}
 	return s, nil
