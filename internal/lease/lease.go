@@ -55,14 +55,14 @@ const (
 	// ThinRequests is the demand below which a key is thin on an agent: fewer than this many
 	// requests per lease lifetime. A thin key's checks come a few per lifetime, at random, and a
 	// lease sized to them lapses with part of it unspent a good part of the time: at four requests
-	// a lifetime a lease of three is not used up in one lifetime out of four. On a bucket with tokens to spare
-	// that costs nothing (the refill covers what lapsed); where the bucket is short of tokens
-	// (Ask.Scarce, a contended take), every lapsed token is a check refused elsewhere, and the
-	// simulator measures it: agents sharing a key at 1.1 times its rate admitted 95.5 % (5 agents)
-	// and 91.8 % (20 agents) of what the exact limiter admits. There a thin key asks for what its
-	// checks need (Size, LowMark), and on a contended bucket takes per check where its share
-	// would leave it less than one standard deviation of its arrivals to spare (Contend); the
-	// agents admit 99.3 % or more: docs/leases.md, "Thin keys on a scarce bucket".
+	// a lifetime a lease of three is not used up in one lifetime out of four. On a bucket with
+	// tokens to spare that costs nothing (the refill covers what lapsed); where the bucket is short
+	// of tokens (Ask.Scarce, a contended take), every lapsed token is a check refused elsewhere,
+	// and the simulator measures it: agents sharing a key at 1.1 times its rate admitted 95.5 % (5
+	// agents) and 91.8 % (20 agents) of what the exact limiter admits. There a thin key asks for
+	// what its checks need (Size, LowMark), and on a contended bucket takes per check where its
+	// share would leave it less than one standard deviation of its arrivals to spare (Contend);
+	// the agents admit 99.3 % or more: docs/leases.md, "Thin keys on a scarce bucket".
 	ThinRequests = 16
 )
 
