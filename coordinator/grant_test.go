@@ -3,6 +3,7 @@ package coordinator
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -186,11 +187,15 @@ func FuzzPlanGrant(f *testing.F) {
 			return
 		}
 		lifetime := min(bucket.Micro(demand), bucket.MaxExact/2) / 1000 * bucket.Micro(p.TTL/time.Millisecond)
+		ample := lifetime // a thin key's with its spread (one standard deviation) added, up to lease.ThinRequests
+		if lifetime/lease.ThinRequests < bucket.Micro(cost) {
+			ample = lifetime + bucket.Micro(math.Sqrt(float64(lifetime)*float64(cost))) + 1 // + 1: rounding
+		}
 		for _, w := range []struct {
 			name      string
 			size      bucket.Micro
 			justified bucket.Micro
-		}{{"want", p.Want, lifetime / lease.Refills}, {"ample want", p.AmpleWant, lifetime + min(bucket.Micro(cost), c) - 1}} {
+		}{{"want", p.Want, lifetime / lease.Refills}, {"ample want", p.AmpleWant, ample + min(bucket.Micro(cost), c) - 1}} {
 			extra := w.size - need
 			switch {
 			case w.size < p.Least || w.size > c:

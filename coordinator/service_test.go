@@ -500,18 +500,18 @@ func TestAcquireAmpleLease(t *testing.T) {
 	set := mustPolicy(t, "v1")
 	store := memstore.New(memstore.WithClock(func() bucket.Millis { return 1_000_000 })) // no refill
 	svc := coordinator.NewService(store, set)
-	// hot: burst 50 at 200 tokens/s, leases of 200 ms; a demand of 50 tokens/s is 10 tokens over
-	// a lifetime.
+	// hot: burst 50 at 200 tokens/s, leases of 200 ms; a demand of 25 tokens/s is 5 tokens over
+	// a lifetime, and its spread √5 = 2.24 more.
 	ask := func(r *coordinatorv1.BucketRef) *coordinatorv1.AcquireItem {
 		it := item(r, tok, tok)
-		it.DemandMicroPerSecond = int64(50 * tok)
+		it.DemandMicroPerSecond = int64(25 * tok)
 		return it
 	}
 	for i, w := range []struct {
 		granted, remaining bucket.Micro
 	}{
-		{11 * tok, 39 * tok}, // the waiting token and 10 of demand: 39 left, above 37.5
-		{6 * tok, 33 * tok},  // another 11 would leave 28: the waiting token and 5 of demand
+		{9 * tok, 41 * tok}, // the waiting token and 8 of demand and spread: 41 left, above 37.5
+		{3 * tok, 38 * tok}, // another 9 would leave 32: the waiting token and 2 of demand
 	} {
 		resp, err := svc.Acquire(ctxFor(t, 10*time.Second), acquire(fmt.Sprintf("agent-%d", i), 1, "v1", ask(ref("hot", "acme"))))
 		if err != nil {
@@ -534,14 +534,14 @@ func TestAcquireAmpleLease(t *testing.T) {
 // TestAcquireScarceThinKey: the coordinator sizes by what the agent says of the bucket. A thin
 // key (under lease.ThinRequests requests of demand a lifetime) whose agent found the bucket scarce
 // at its last answer gets what its waiting check needs, even where the bucket is ample now; the
-// same refill without the word gets the request its ample want rounds up besides.
+// same refill without the word gets the requests its ample want rounds up besides.
 func TestAcquireScarceThinKey(t *testing.T) {
 	set := mustPolicy(t, "v1")
 	svc := coordinator.NewService(memstore.New(memstore.WithClock(func() bucket.Millis { return 1_000_000 })), set)
 	for i, w := range []struct {
 		scarce  bool
 		granted bucket.Micro
-	}{{false, 2 * tok}, {true, tok}} {
+	}{{false, 3 * tok}, {true, tok}} { // 0.4 of a token a lifetime and its spread √0.4, rounded up: 2
 		it := item(ref("hot", fmt.Sprintf("tenant-%d", i)), tok, tok)
 		it.DemandMicroPerSecond, it.Scarce = int64(2*tok), w.scarce
 		resp, err := svc.Acquire(ctxFor(t, 10*time.Second), acquire("agent-1", uint64(i+1), "v1", it))
@@ -556,15 +556,16 @@ func TestAcquireScarceThinKey(t *testing.T) {
 
 // TestAcquireRegularKey: a refill of a key its agent calls regular (polled on a fixed period
 // longer than its leases live) gets its waiting check alone where the bucket is ample; the same
-// refill of a key not called regular gets the request the ample want rounds up besides.
+// refill of a key not called regular gets the requests the ample want rounds up besides.
 func TestAcquireRegularKey(t *testing.T) {
 	set := mustPolicy(t, "v1")
 	svc := coordinator.NewService(memstore.New(memstore.WithClock(func() bucket.Millis { return 1_000_000 })), set)
-	// hot: leases of 200 ms; a demand of 2 tokens/s is 0.4 of a token over a lifetime.
+	// hot: leases of 200 ms; a demand of 2 tokens/s is 0.4 of a token over a lifetime, and its
+	// spread √0.4 = 0.63 more: 2 requests rounded up, none rounded down.
 	for i, w := range []struct {
 		regular bool
 		granted bucket.Micro
-	}{{false, 2 * tok}, {true, tok}} {
+	}{{false, 3 * tok}, {true, tok}} {
 		it := item(ref("hot", fmt.Sprintf("tenant-%d", i)), tok, tok)
 		it.DemandMicroPerSecond, it.Regular = int64(2*tok), w.regular
 		resp, err := svc.Acquire(ctxFor(t, 10*time.Second), acquire("agent-1", uint64(i+1), "v1", it))

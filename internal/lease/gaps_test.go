@@ -59,7 +59,7 @@ func TestGapsRegular(t *testing.T) {
 
 // TestSizeRegular: a regular key's ample want holds its lifetime's demand rounded down to whole
 // requests (nothing for a demand under a request per lifetime: its check alone), where any other
-// key's is rounded up; its want, and a demand of whole requests, are the same either way.
+// thin key's holds it plus its spread, rounded up; its want is the same either way.
 func TestSizeRegular(t *testing.T) {
 	lim, err := bucket.NewLimit(100*bucket.PerToken, 100*bucket.PerToken, 1000) // 100/s, burst 100: τ = 250 ms
 	if err != nil {
@@ -70,9 +70,9 @@ func TestSizeRegular(t *testing.T) {
 		demand            bucket.Micro // µ/s
 		ample, regularAmp bucket.Micro
 	}{
-		{demand: cost * 5 / 4, ample: 2 * cost, regularAmp: cost}, // 0.31 of a request per lifetime
-		{demand: 6 * cost, ample: 3 * cost, regularAmp: 2 * cost}, // 1.5
-		{demand: 4 * cost, ample: 2 * cost, regularAmp: 2 * cost}, // exactly 1
+		{demand: cost * 5 / 4, ample: 2 * cost, regularAmp: cost}, // 0.31 of a request per lifetime, + 0.56
+		{demand: 6 * cost, ample: 4 * cost, regularAmp: 2 * cost}, // 1.5, + 1.22
+		{demand: 4 * cost, ample: 3 * cost, regularAmp: 2 * cost}, // exactly 1, + 1
 		{demand: 0, ample: cost, regularAmp: cost},                // none measured
 	} {
 		ask := Ask{Needed: cost, Least: cost, Demand: tc.demand}

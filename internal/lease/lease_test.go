@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -73,12 +74,16 @@ func TestSizeGrowsWithDemand(t *testing.T) {
 			t.Fatal(err)
 		}
 		// demand over τ/2 = 1.25 s, whole requests, at most the capacity; over τ rounded up for the
-		// ample want.
+		// ample want, a thin key's (under ThinRequests a lifetime) with its spread added.
 		want := min(l.Capacity(), max(tok, d*5/4/tok*tok))
 		if p.Want != want || p.Want < prev {
 			t.Errorf("Size(demand %d µ/s).Want = %d, want %d (and not below %d)", d, p.Want, want, prev)
 		}
-		if ample := min(l.Capacity(), max(tok, (d*5/2+tok-1)/tok*tok)); p.AmpleWant != ample {
+		lifetime := d * 5 / 2
+		if lifetime < ThinRequests*tok {
+			lifetime = min(ThinRequests*tok, lifetime+bucket.Micro(math.Sqrt(float64(lifetime)*float64(tok))))
+		}
+		if ample := min(l.Capacity(), max(tok, (lifetime+tok-1)/tok*tok)); p.AmpleWant != ample {
 			t.Errorf("Size(demand %d µ/s).AmpleWant = %d, want %d", d, p.AmpleWant, ample)
 		}
 		prev = p.Want
@@ -98,7 +103,7 @@ func TestSizeThinOnScarce(t *testing.T) {
 	}{
 		{"thin, scarce: what waits", Ask{Needed: 2 * tok, Least: tok, Demand: 60 * tok, Scarce: true}, 2 * tok, 2 * tok},
 		{"thin, scarce, a prefetch: one request", Ask{Least: tok, Demand: 15 * tok, Scarce: true}, tok, tok},
-		{"thin, not scarce: its demand", Ask{Needed: 2 * tok, Least: tok, Demand: 12 * tok}, 3 * tok, 5 * tok}, // 1.5 → 1, 3 rounded up
+		{"thin, not scarce: its demand", Ask{Needed: 2 * tok, Least: tok, Demand: 12 * tok}, 3 * tok, 7 * tok}, // 1.5 → 1; 3 + √3 rounded up
 		{"sixteen a lifetime, scarce: its demand", Ask{Needed: tok, Least: tok, Demand: 64 * tok, Scarce: true}, 9 * tok, 17 * tok},
 	} {
 		p, err := Size(l, tok, false, tc.a)
@@ -384,6 +389,64 @@ func FuzzContend(f *testing.F) {
 		}
 		if p := Pace(l, max(cut, 1), share, bucket.Millis(ttl)); p < 0 || p > bucket.Millis(ttl) {
 			t.Fatalf("Pace = %d ms, outside [0, %d]", p, ttl)
+		}
+	})
+}
+
+// FuzzSize holds the grant rule to its invariants on any limit and ask: a valid ask is sized
+// between its least grant and the capacity, the ample want at least the want; a key with no
+// demand takes what waits; direct mode takes what waits without a lease; a regular key's ample
+// want is at most any other's; and on a bucket that is not scarce, more demand never sizes a
+// smaller lease.
+func FuzzSize(f *testing.F) {
+	f.Add(int64(100), int64(100), int64(1000), uint64(1_000_000), uint64(1_000_000), uint64(1_000_000), uint64(6_000_000), uint64(1_000_000), false, false)
+	// τ = 2.5 s: 15 requests a lifetime is thin, 17.5 is not; the ample want must not fall between
+	f.Add(int64(1000), int64(100), int64(1000), uint64(0), uint64(1_000_000), uint64(999_999), uint64(6_000_000), uint64(1_000_000), false, false)
+	f.Add(int64(20), int64(100), int64(60_000), uint64(0), uint64(2_000_000), uint64(3_000_000), uint64(15_999_999), uint64(7), false, true)
+	f.Fuzz(func(t *testing.T, burst, per, periodMs int64, needed, least, cost, demand, more uint64, regular, scarce bool) {
+		const tok = bucket.PerToken
+		if burst < 1 || burst > 1<<30 || per < 0 || per > 1<<30 || periodMs < 1 || periodMs > 1<<40 {
+			return
+		}
+		l, err := bucket.NewLimit(bucket.Micro(burst)*tok, bucket.Micro(per)*tok, bucket.Millis(periodMs))
+		if err != nil {
+			return
+		}
+		c := l.Capacity()
+		u := bucket.Micro(cost%uint64(c)) + 1
+		a := Ask{
+			Needed: bucket.Micro(needed % uint64(bucket.MaxExact/2+1)), Least: bucket.Micro(least%uint64(c)) + 1,
+			Demand: bucket.Micro(demand % uint64(maxDemand+1)), Regular: regular, Scarce: scarce,
+		}
+		p, err := Size(l, u, false, a)
+		if err != nil {
+			t.Fatalf("Size(%+v, cost %d µ, capacity %d µ): %v", a, u, c, err)
+		}
+		if p.Want < min(c, a.Least) || p.Want > c || p.AmpleWant < p.Want || p.AmpleWant > c || p.TTL != TTL(l) {
+			t.Fatalf("Size(%+v, cost %d µ, capacity %d µ) = %+v: out of [least, capacity] or ample below want", a, u, c, p)
+		}
+		if waits := min(c, max(a.Needed, a.Least)); p.Want < waits {
+			t.Fatalf("Size(%+v) = %+v: want below what waits (%d µ)", a, p, waits)
+		}
+		if a.Demand == 0 && (p.Want != min(c, max(a.Needed, a.Least)) || p.AmpleWant != p.Want) {
+			t.Fatalf("no demand: Size(%+v) = %+v, want what waits", a, p)
+		}
+		d, err := Size(l, u, true, a)
+		if err != nil || d.Want != min(c, max(a.Needed, a.Least)) || d.AmpleWant != 0 || d.TTL != 0 {
+			t.Fatalf("direct: Size(%+v) = %+v, %v", a, d, err)
+		}
+		r := a
+		r.Regular = true
+		if pr, err := Size(l, u, false, r); err != nil || pr.AmpleWant > p.AmpleWant || pr.Want != p.Want {
+			t.Fatalf("regular: Size(%+v) = %+v, %v; not regular %+v", r, pr, err, p)
+		}
+		if !a.Scarce {
+			m := a
+			m.Demand = min(maxDemand, a.Demand+bucket.Micro(more%uint64(maxDemand+1)))
+			pm, err := Size(l, u, false, m)
+			if err != nil || pm.Want < p.Want || pm.AmpleWant < p.AmpleWant {
+				t.Fatalf("demand %d → %d µ/s: %+v → %+v, %v", a.Demand, m.Demand, p, pm, err)
+			}
 		}
 	})
 }
