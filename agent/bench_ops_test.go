@@ -148,7 +148,7 @@ func measureOps(b *testing.B, a *syncAgent, warmup int, next func()) {
 	for range warmup {
 		next()
 	}
-	ops0 := a.store.ops.Load()
+	ops0, granted0 := a.store.ops.Load(), a.lim.Stats().GrantedMicro.Load()
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
@@ -156,6 +156,7 @@ func measureOps(b *testing.B, a *syncAgent, warmup int, next func()) {
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(a.store.ops.Load()-ops0)/float64(b.N), "store-ops/check")
+	b.ReportMetric(float64(a.lim.Stats().GrantedMicro.Load()-granted0)/float64(bucket.PerToken)/float64(b.N), "granted-tokens/check")
 }
 
 // tenantQueries are n queries of /api/x, one per tenant.
@@ -171,14 +172,19 @@ func tenantQueries(n int) []agent.Query {
 // (τ = 250 ms), 12,500 checks a second in all, so each key is checked every 0.8 s on average,
 // colder than its lease, with leases (lease: on) and in direct mode (lease: off), through the real
 // core and coordinator Service over memstore on a manual clock (syncAgent). cycle checks the keys
-// in turn, each exactly every 0.8 s (the stack benchmark's uniform walk); random draws each check's
-// key independently, so some checks come within τ of their key's last. ns/op is the in-process cost
-// of a check with its refill, agent and coordinator together; store-ops/check what it asks of the
-// store. Leases must cost no more than direct mode on either order, and save takes on random.
+// in turn, each exactly every 0.8 s (the stack benchmark's uniform walk); turns is the walk
+// stopped for 2 s after each 2 s of it, as the stack benchmark's modes take turns on one stack;
+// random draws each check's key independently, so some checks come within τ of their key's last.
+// ns/op is the in-process cost of a check with its refill, agent and coordinator together;
+// store-ops/check what it asks of the store; granted-tokens/check what the grants held (a check
+// costs 1: the rest lapsed unspent or served a later check). Leases must cost no more than
+// direct mode on any order, take 1 token per check on cycle and turns (a polled key is regular,
+// over a pause too), and save takes on random.
 func BenchmarkColdKeys(b *testing.B) {
 	const keys, step = 10000, 80 * time.Microsecond
+	const turn = int(2 * time.Second / step) // checks in 2 s
 	for _, mode := range []string{"lease", "direct"} {
-		for _, order := range []string{"cycle", "random"} {
+		for _, order := range []string{"cycle", "turns", "random"} {
 			b.Run(mode+"/"+order, func(b *testing.B) {
 				a := newSyncAgent(b, opsPolicyLease("100/second", 100, map[string]string{"lease": "on", "direct": "off"}[mode]))
 				queries := tenantQueries(keys)
@@ -186,6 +192,9 @@ func BenchmarkColdKeys(b *testing.B) {
 				i := 0
 				next := func() {
 					a.clk.Advance(step)
+					if order == "turns" && i > 0 && i%turn == 0 {
+						a.clk.Advance(2 * time.Second) // the other mode's turn
+					}
 					k := i % keys
 					if order == "random" {
 						k = r.IntN(keys)

@@ -9,8 +9,9 @@ import (
 )
 
 // TestGapsRegular: a key checked on a fixed period longer than τ (±5 % jitter) is regular after
-// four gaps; a key on a period within 19 % of τ or shorter, or checked at random, is regular at
-// hardly any gap.
+// four gaps, and stays so over a pause (one gap of twice the period or more); a gap out of step,
+// or two pauses in a row, end it; a key on a period within 19 % of τ or shorter, or checked at
+// random, is regular at hardly any gap.
 func TestGapsRegular(t *testing.T) {
 	const ttl = 250 * time.Millisecond
 	r := rand.New(rand.NewPCG(1, 2))
@@ -28,10 +29,47 @@ func TestGapsRegular(t *testing.T) {
 		}
 		g.Observe(jitter(800*time.Millisecond), ttl)
 	}
-	// One gap out of step ends it.
-	g.Observe(300*time.Millisecond, ttl)
-	if g.Regular() {
-		t.Error("still regular after a gap of 0.3 s among gaps of 0.8 s")
+	// A pause keeps it, whether the key resumes on its period or pauses once and then does.
+	for i, gaps := range [][]time.Duration{
+		{3 * time.Second, 800 * time.Millisecond},
+		{1600 * time.Millisecond, 790 * time.Millisecond, 10 * time.Second, 810 * time.Millisecond},
+	} {
+		for _, d := range gaps {
+			g.Observe(d, ttl)
+			if !g.Regular() {
+				t.Fatalf("pause %d: not regular after a gap of %v among gaps of 0.8 s: %+v", i, d, g)
+			}
+		}
+	}
+	// Two pauses in a row end it, as does one gap out of step.
+	for _, tc := range []struct {
+		name string
+		gaps []time.Duration
+	}{
+		{"two gaps of 3 s", []time.Duration{3 * time.Second, 3 * time.Second}},
+		{"a gap of 0.3 s", []time.Duration{300 * time.Millisecond}},
+		{"a pause, then a gap of 0.3 s", []time.Duration{3 * time.Second, 300 * time.Millisecond}},
+		{"a gap of 1.4 s, under twice the period", []time.Duration{1400 * time.Millisecond}},
+	} {
+		g := g
+		for _, d := range tc.gaps {
+			g.Observe(d, ttl)
+		}
+		if g.Regular() {
+			t.Errorf("still regular after %s among gaps of 0.8 s: %+v", tc.name, g)
+		}
+	}
+	// A long gap before any two alike is no pause: the run starts after it.
+	var h Gaps
+	for _, d := range []time.Duration{800 * time.Millisecond, 5 * time.Second, 5 * time.Second, 5 * time.Second} {
+		h.Observe(d, ttl)
+	}
+	if h.Regular() {
+		t.Errorf("regular after two gaps alike: %+v", h)
+	}
+	h.Observe(5*time.Second, ttl)
+	if !h.Regular() {
+		t.Errorf("not regular after three gaps of 5 s: %+v", h)
 	}
 	for _, tc := range []struct {
 		name string
@@ -51,6 +89,7 @@ func TestGapsRegular(t *testing.T) {
 				regular++
 			}
 		}
+		t.Logf("%s: regular at %d of 10,000 gaps", tc.name, regular)
 		if regular > tc.most {
 			t.Errorf("%s: regular at %d of 10,000 gaps, want at most %d", tc.name, regular, tc.most)
 		}
