@@ -10,7 +10,7 @@ import (
 )
 
 // TestRegularKeyRefills: a key checked every 0.8 s (±5 %), colder than its 250 ms leases, asks
-// for a refill at each check and, from its fifth on, says it is regular (AcquireItem.regular), so
+// for a refill at each check and, from its sixth on, says it is regular (AcquireItem.regular), so
 // the grant rule's ample want is its check alone, nothing to lapse; a key checked at random with
 // the same mean is not called regular at nearly any refill, and its ample want keeps the request
 // rounded up. Either reports its demand.
@@ -50,7 +50,7 @@ default:
 					continue // the last lease still held a request
 				}
 				for c := l.NextCall(now); c != nil; c = l.NextCall(now) {
-					if c.Acquire != nil && i >= 4 {
+					if c.Acquire != nil && i >= 5 {
 						for _, it := range c.Acquire.Items {
 							asks++
 							if it.DemandMicroPerSecond <= 0 {

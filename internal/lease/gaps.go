@@ -18,8 +18,11 @@ import (
 //
 // A pause does not end a run: a gap at least twice the one before (pauseCodes), after at least
 // one gap alike, is skipped once, the run and the gap before it kept, so a client polling on a
-// period that stops for a while and resumes on the same period stays regular. A second such gap
-// in a row counts as any gap (the period changed, or the key is not regular).
+// period that stops for a while and resumes on about the same period stays regular. The gap
+// after a pause is alike within gapLikeAfterPause of the one before it (a client comes back from
+// a pause at a pace that load or its work moved, as the stack benchmark's keys do between their
+// mode's turns). A second pause in a row counts as any gap (the period changed, or the key is
+// not regular).
 //
 // It keeps two bytes (every key of an agent's table has them): the last gap, on a log scale of
 // an eighth of a doubling (9 %) per step, and how many gaps in a row were longer than the lease
@@ -30,19 +33,25 @@ type Gaps struct {
 }
 
 const (
-	// RegularGaps is how many such gaps in a row make a key regular: three pairs of gaps alike,
-	// which exponential gaps (a key checked at random) show about once in a thousand.
-	RegularGaps = 3
-	// gapMargin is how far a gap must exceed τ to count, in codes (two: 19 %), so that the next,
-	// alike within gapLike, still comes after the lease lapsed.
-	gapMargin = 2
-	// gapLike is how far a gap may be from the one before and count as alike, in codes (19 %).
-	gapLike = 2
+	// RegularGaps is how many such gaps in a row make a key regular: four gaps alike, each like
+	// the one before, which exponential gaps (a key checked at random) show at about 0.2 % of
+	// gaps, with pauses skipped (TestGapsRegular).
+	RegularGaps = 4
+	// gapLike is how far a gap may be from the one before and count as alike, in codes (three:
+	// 30 %). A key polled on a fixed period repeats it to a few per cent; keys the stack
+	// benchmark walks in turn come round at the pace the load runs, which moves by a fifth
+	// within seconds.
+	gapLike = 3
+	// gapMargin is how far a gap must exceed τ to count, in codes (gapLike: 30 %), so that the
+	// next, alike within gapLike, still comes after the lease lapsed.
+	gapMargin = gapLike
 	// pauseCodes is how much longer than the one before a gap must be to be a pause, in codes: 8,
 	// a doubling. Gaps drawn at random (exponential) are that much longer than the one before a
-	// third of the time, so a skipped pause about doubles how often they look regular (still
-	// under 0.5 % of gaps, TestGapsRegular).
+	// third of the time.
 	pauseCodes = 8
+	// gapLikeAfterPause is how far the gap after a pause may be from the one before the pause and
+	// count as alike, in codes (4: 41 %); it must also exceed τ by as much.
+	gapLikeAfterPause = 4
 
 	paused = 0x80       // run's bit: the last gap was a pause, skipped
 	maxRun = paused - 1 // the longest run counted
@@ -66,7 +75,11 @@ func (g *Gaps) Observe(gap, ttl time.Duration) {
 		g.run |= paused // a pause: skipped once
 		return
 	}
-	if g.prev != 0 && c >= gapCode(ttl)+gapMargin && d >= -gapLike && d <= gapLike {
+	margin, like := gapMargin, gapLike
+	if g.run&paused != 0 {
+		margin, like = gapLikeAfterPause, gapLikeAfterPause
+	}
+	if g.prev != 0 && c >= gapCode(ttl)+margin && d >= -like && d <= like {
 		run = min(run+1, maxRun)
 	} else {
 		run = 0
