@@ -351,16 +351,23 @@ func TestPace(t *testing.T) {
 // FuzzContend: whatever the inputs, a contended take is cut to no more than the agent's demand
 // over a lifetime or its share of the refill and the bucket, is never cut below least, and is whole
 // units above least; an uncontended take is unchanged; a pace is within [0, τ].
+// fuzzLimit is the limit of burst tokens refilled per tokens each periodMs, if the fuzzers' inputs
+// make a valid one of a sane size.
+func fuzzLimit(burst, per, periodMs int64) (bucket.Limit, bool) {
+	if burst < 1 || burst > 1<<30 || per < 0 || per > 1<<30 || periodMs < 1 || periodMs > 1<<40 {
+		return bucket.Limit{}, false
+	}
+	l, err := bucket.NewLimit(bucket.Micro(burst)*bucket.PerToken, bucket.Micro(per)*bucket.PerToken, bucket.Millis(periodMs))
+	return l, err == nil
+}
+
 func FuzzContend(f *testing.F) {
 	f.Add(int64(20_000), int64(20_000), int64(1000), uint64(1000), uint64(5000), uint64(3), uint64(1000), uint64(40_000), int64(250), int64(250), false, false)
 	f.Add(int64(10), int64(1), int64(60_000), uint64(0), uint64(10), uint64(1), uint64(1), uint64(1), int64(30_000), int64(0), true, true)
 	f.Fuzz(func(t *testing.T, burst, per, periodMs int64, tokens, want, least, demand, total uint64, ttl, since int64, others, competing bool) {
 		const tok = bucket.PerToken
-		if burst < 1 || burst > 1<<30 || per < 0 || per > 1<<30 || periodMs < 1 || periodMs > 1<<40 {
-			return
-		}
-		l, err := bucket.NewLimit(bucket.Micro(burst)*tok, bucket.Micro(per)*tok, bucket.Millis(periodMs))
-		if err != nil {
+		l, ok := fuzzLimit(burst, per, periodMs)
+		if !ok {
 			return
 		}
 		c := l.Capacity()
@@ -404,12 +411,8 @@ func FuzzSize(f *testing.F) {
 	f.Add(int64(1000), int64(100), int64(1000), uint64(0), uint64(1_000_000), uint64(999_999), uint64(6_000_000), uint64(1_000_000), false, false)
 	f.Add(int64(20), int64(100), int64(60_000), uint64(0), uint64(2_000_000), uint64(3_000_000), uint64(15_999_999), uint64(7), false, true)
 	f.Fuzz(func(t *testing.T, burst, per, periodMs int64, needed, least, cost, demand, more uint64, regular, scarce bool) {
-		const tok = bucket.PerToken
-		if burst < 1 || burst > 1<<30 || per < 0 || per > 1<<30 || periodMs < 1 || periodMs > 1<<40 {
-			return
-		}
-		l, err := bucket.NewLimit(bucket.Micro(burst)*tok, bucket.Micro(per)*tok, bucket.Millis(periodMs))
-		if err != nil {
+		l, ok := fuzzLimit(burst, per, periodMs)
+		if !ok {
 			return
 		}
 		c := l.Capacity()
