@@ -100,7 +100,14 @@ func LowMark(tokens, demand, unit bucket.Micro, ttl time.Duration, scarce bool) 
 // Thin reports whether a key's demand on an agent (µ per second) fills fewer than ThinRequests
 // requests (unit) per lease lifetime ttl.
 func Thin(demand, unit bucket.Micro, ttl time.Duration) bool {
-	return overLifetime(demand, ttl)/ThinRequests < unit // x/n < u ⟺ x < n·u, with no product to overflow
+	return thin(overLifetime(demand, ttl), unit)
+}
+
+// thin reports whether a demand over a lease's lifetime (µ) is fewer than ThinRequests requests
+// (unit): x/n < u ⟺ x < n·u, with no product to overflow (a route's cost may be any positive
+// number).
+func thin(lifetime, unit bucket.Micro) bool {
+	return lifetime/ThinRequests < unit
 }
 
 // overLifetime is demand (µ per second) over a lifetime ttl (at most MaxTTL), in µ: below
@@ -201,13 +208,13 @@ func Size(limit bucket.Limit, cost bucket.Micro, direct bool, a Ask) (Plan, erro
 	}
 	p.TTL, p.Share = TTL(limit), Share
 	lifetime := overLifetime(a.Demand, p.TTL)
-	if a.Scarce && Thin(a.Demand, cost, p.TTL) {
+	if a.Scarce && thin(lifetime, cost) {
 		lifetime = 0
 	}
 	p.Want = grow(capacity, cost, a, lifetime/Refills)
 	ample := min(lifetime, capacity)
 	if !a.Regular {
-		if lifetime/ThinRequests < cost { // thin (a cost may be any positive number: no product)
+		if thin(lifetime, cost) {
 			ample = min(ample+spread(lifetime, cost), capacity, thinLease(capacity, cost))
 		}
 		ample = roundUp(ample, cost, capacity)
