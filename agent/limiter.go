@@ -303,10 +303,7 @@ func (l *Limiter) slowCheck(now clock.Nanos, e *entry, c int64) Verdict {
 		}
 		if e.usableLocked(now, c) {
 			if left, ok := e.spend(now, c); ok {
-				if left < e.lowWater.Load() {
-					l.queueLocked(e)
-				}
-				return Verdict{Outcome: Allow, Remaining: bucket.Micro(left + e.remaining.Load()), Rule: e.rule, Limits: e.lim}
+				return l.allowLocked(e, left)
 			}
 			continue // a concurrent spender took the tokens
 		}
@@ -317,10 +314,7 @@ func (l *Limiter) slowCheck(now clock.Nanos, e *entry, c int64) Verdict {
 		// its last Guard. (A prefetched lease replaces it first, above, so a hot key's checks go
 		// back to the lock-free path at once.)
 		if left, ok := l.graceLocked(now, e, c); ok {
-			if left < e.lowWater.Load() {
-				l.queueLocked(e)
-			}
-			return Verdict{Outcome: Allow, Remaining: bucket.Micro(left + e.remaining.Load()), Rule: e.rule, Limits: e.lim}
+			return l.allowLocked(e, left)
 		}
 		// Denied, or paced (agents compete for the bucket and this one had its share): answer
 		// locally until then.
@@ -340,6 +334,15 @@ func (l *Limiter) slowCheck(now clock.Nanos, e *entry, c int64) Verdict {
 		l.queueLocked(e)
 		return Verdict{Outcome: Wait, Ticket: t, Rule: e.rule, Limits: e.lim}
 	}
+}
+
+// allowLocked answers a check that spent from e's lease, left µ remaining in it, and queues a
+// refill once the lease is below its low water. e.mu is held.
+func (l *Limiter) allowLocked(e *entry, left int64) Verdict {
+	if left < e.lowWater.Load() {
+		l.queueLocked(e)
+	}
+	return Verdict{Outcome: Allow, Remaining: bucket.Micro(left + e.remaining.Load()), Rule: e.rule, Limits: e.lim}
 }
 
 // graceLocked spends c from e's current lease past its deadline by the caller's reading (now) but
