@@ -11,9 +11,10 @@ import (
 
 // TestRegularKeyRefills: a key checked every 0.8 s (±5 %), colder than its 250 ms leases, asks
 // for a refill at each check and, from its sixth on, says it is regular (AcquireItem.regular), so
-// the grant rule's ample want is its check alone, nothing to lapse; a key checked at random with
-// the same mean is not called regular at nearly any refill, and its ample want keeps the request
-// rounded up. Either reports its demand.
+// the grant rule's ample want is its check alone, nothing to lapse, and so does one that pauses
+// for 3 s after every sixth gap and resumes on its period (as the stack benchmark's keys do
+// between their mode's turns); a key checked at random with the same mean is not called regular
+// at nearly any refill, and its ample want keeps the request rounded up. Each reports its demand.
 func TestRegularKeyRefills(t *testing.T) {
 	set := parseSet(t, `version: v1
 rules:
@@ -27,12 +28,20 @@ default:
 `)
 	limit, cost := routeBucket(t, set, "/api/x", "GET", "acme")
 	r := rand.New(rand.NewPCG(3, 4))
+	period := func() time.Duration { return time.Duration(float64(800*time.Millisecond) * (0.95 + 0.1*r.Float64())) }
+	gaps := 0
 	for _, tc := range []struct {
 		name    string
 		gap     func() time.Duration
 		regular bool
 	}{
-		{"every 0.8 s", func() time.Duration { return time.Duration(float64(800*time.Millisecond) * (0.95 + 0.1*r.Float64())) }, true},
+		{"every 0.8 s", period, true},
+		{"every 0.8 s, paused 3 s after every sixth gap", func() time.Duration {
+			if gaps++; gaps%7 == 0 {
+				return 3*time.Second + period()
+			}
+			return period()
+		}, true},
 		{"at random, a mean of 0.8 s", func() time.Duration { return time.Duration(r.ExpFloat64() * float64(800*time.Millisecond)) }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
