@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/leasebucket/leasebucket/coordinator"
+	"github.com/leasebucket/leasebucket/coordinator/redisstore"
 	"github.com/leasebucket/leasebucket/internal/cli"
 	"github.com/leasebucket/leasebucket/policy"
 )
@@ -78,6 +79,7 @@ type redisConfig struct {
 	tlsServerName        string
 	dialTimeout, timeout time.Duration
 	poolSize             int
+	inFlight             int // batches out to Redis at once (redisstore.WithInFlight)
 }
 
 const usageHeader = `Usage: coordinator --policy FILE [flags]
@@ -173,6 +175,8 @@ func newFlags(getenv func(string) string, stderr io.Writer) *flags {
 	f.EnvDuration(&c.redis.dialTimeout, "redis-dial-timeout", redis("redis-dial-timeout"), time.Second, "bound on connecting to a Redis node")
 	f.EnvDuration(&c.redis.timeout, "redis-timeout", redis("redis-timeout"), time.Second, "bound on one Redis read or write (the batch's --store-timeout applies too)")
 	f.EnvInt(&c.redis.poolSize, "redis-pool-size", redis("redis-pool-size"), 0, "connections per Redis node (default: go-redis', 10 per CPU)")
+	f.EnvInt(&c.redis.inFlight, "redis-in-flight", redis("redis-in-flight"), redisstore.DefaultInFlight,
+		"most store batches out to a standalone or Sentinel Redis at once; batches that arrive meanwhile join the next round trip. 0: no bound, one round trip per batch (always so on Cluster)")
 	f.LogFlags(&c.log)
 	return f
 }
@@ -237,6 +241,8 @@ func (c *config) check() error {
 		return fmt.Errorf("--redis-db=%d must not be negative", r.db)
 	case r.poolSize < 0:
 		return fmt.Errorf("--redis-pool-size=%d must not be negative", r.poolSize)
+	case r.inFlight < 0:
+		return fmt.Errorf("--redis-in-flight=%d must not be negative", r.inFlight)
 	case (r.tlsCert == "") != (r.tlsKey == ""):
 		return errors.New("--redis-tls-cert and --redis-tls-key go together")
 	case (c.tlsCert == "") != (c.tlsKey == ""):

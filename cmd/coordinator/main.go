@@ -230,7 +230,7 @@ func openStore(cfg *config, log *zap.Logger, reg prometheus.Registerer) (store a
 		return nil, nil, nil, nil, err
 	}
 	rm.install(client)
-	rs := redisstore.New(client)
+	rs := redisstore.New(client, redisstore.WithInFlight(cfg.redis.inFlight))
 	ctx, cancel := context.WithTimeout(context.Background(), loadTimeout)
 	defer cancel()
 	if err := rs.Load(ctx); err != nil {

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/leasebucket/leasebucket/coordinator"
+	"github.com/leasebucket/leasebucket/coordinator/redisstore"
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/testkit/proctest"
 	"github.com/leasebucket/leasebucket/internal/tlsconfig"
@@ -252,6 +253,11 @@ func TestConfig(t *testing.T) {
 			check: func(c *config) bool {
 				return c.store == storeRedis && len(c.redis.addrs) == 2 && c.redis.addrs[1] == "b:2"
 			}},
+		{name: "in-flight: the store's default", args: []string{"--policy", "p", "--redis-addrs", "r:1"},
+			check: func(c *config) bool { return c.redis.inFlight == redisstore.DefaultInFlight }},
+		{name: "in-flight from the environment", args: []string{"--policy", "p", "--redis-addrs", "r:1"},
+			env:   map[string]string{"LEASEBUCKET_REDIS_IN_FLIGHT": "0"},
+			check: func(c *config) bool { return c.redis.inFlight == 0 }},
 		{name: "env sets, flags win", args: []string{"--listen", "127.0.0.1:9"},
 			env: map[string]string{"LEASEBUCKET_POLICY": "p", "LEASEBUCKET_COORDINATOR_LISTEN": ":1", "LEASEBUCKET_REDIS_ADDRS": "r:6379",
 				"LEASEBUCKET_REDIS_USER": "coord", envRedisPassword: "pw", "LEASEBUCKET_COORDINATOR_STORE_TIMEOUT": "250ms"},
@@ -279,6 +285,7 @@ func TestConfig(t *testing.T) {
 		{name: "cert without key", args: []string{"--policy", "p", "--tls-cert", "c.pem"}, err: "go together"},
 		{name: "client CA without cert", args: []string{"--policy", "p", "--tls-client-ca", "ca.pem"}, err: "needs --tls-cert"},
 		{name: "redis cert without key", args: []string{"--policy", "p", "--redis-addrs", "r:1", "--redis-tls-cert", "c"}, err: "go together"},
+		{name: "negative in-flight", args: []string{"--policy", "p", "--redis-addrs", "r:1", "--redis-in-flight", "-1"}, err: "--redis-in-flight=-1 must not be negative"},
 		{name: "zero timeout", args: []string{"--policy", "p", "--store-timeout", "0s"}, err: "must be positive"},
 		{name: "bad env value", args: []string{"--policy", "p"}, env: map[string]string{"LEASEBUCKET_COORDINATOR_STORE_TIMEOUT": "soon"}, err: "LEASEBUCKET_COORDINATOR_STORE_TIMEOUT"},
 		{name: "bad log format", args: []string{"--policy", "p", "--log-format", "xml"}, err: "--log-format"},

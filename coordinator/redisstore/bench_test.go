@@ -2,7 +2,10 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -11,6 +14,7 @@ import (
 	"github.com/leasebucket/leasebucket/coordinator/redisstore"
 	"github.com/leasebucket/leasebucket/internal/bucket"
 	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
+	"github.com/leasebucket/leasebucket/internal/testkit/stackbench"
 )
 
 // benchStore is a Store on a fresh redis-server with the script loaded, and a counter of its
@@ -199,4 +203,107 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 			b.ReportMetric(float64(bytes)/float64(sample), "bytes/key")
 		})
 	}
+}
+
+// BenchmarkTakeAgents is what one coordinator sends Redis for many agents' cold keys: 64 callers
+// at once (the Acquire calls of many agents), each take a batch of two keys never seen in the
+// last second, every take with an agent's OpID, under each bound on the batches out to Redis at
+// once (WithInFlight; 0: none, one round trip per batch). It reports the script commands Redis
+// ran per key, the CPU per key of redis-server and of this process (the coordinator's side:
+// go-redis, the merger and the callers), and keys per wall second.
+func BenchmarkTakeAgents(b *testing.B) {
+	for _, most := range []int{0, 1, redisstore.DefaultInFlight, 4} {
+		b.Run("in-flight-"+strconv.Itoa(most), func(b *testing.B) {
+			srv := redistest.Start(b)
+			rdb := srv.Client(b)
+			s := redisstore.New(rdb, redisstore.WithInFlight(most))
+			ctx := context.Background()
+			if err := s.Load(ctx); err != nil {
+				b.Fatal(err)
+			}
+			pid, err := redisPid(ctx, rdb)
+			if err != nil {
+				b.Fatal(err)
+			}
+			l := mustLimit(b, 100*tok, 100*tok, 1000) // 100 a second: a key's bucket is partly spent
+			var next atomic.Uint64
+			var agents atomic.Int64
+			take := func(agent string, seq uint64) {
+				k := next.Add(2)
+				reqs := make([]coordinator.TakeRequest, 2)
+				for i := range reqs {
+					reqs[i] = coordinator.TakeRequest{Key: "tenant-" + strconv.FormatUint((k+uint64(i))%200_000, 10), Limit: l,
+						Want: tok, Min: tok, Op: coordinator.OpID{Agent: agent, Seq: seq}}
+				}
+				res, err := s.Take(ctx, reqs)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				for _, r := range res {
+					if r.Err != nil {
+						b.Error(r.Err)
+						return
+					}
+				}
+			}
+			take("warm-up", 1) // the connection and the script
+			if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			redisBefore, err := stackbench.ProcCPU(pid)
+			if err != nil {
+				b.Fatal(err)
+			}
+			selfBefore, err := stackbench.ProcCPU(0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetParallelism(32) // 64 callers on 2 CPUs
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				agent := "node-" + strconv.FormatInt(agents.Add(1), 10)
+				for seq := uint64(1); pb.Next(); seq++ {
+					take(agent, seq)
+				}
+			})
+			b.StopTimer()
+			redisAfter, err := stackbench.ProcCPU(pid)
+			if err != nil {
+				b.Fatal(err)
+			}
+			selfAfter, err := stackbench.ProcCPU(0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			keys := float64(2 * b.N)
+			var scripts float64
+			for cmd, c := range commandStats(b, rdb) {
+				if redistest.ScriptCommands[cmd] {
+					scripts += c.Calls
+				}
+			}
+			redisCPU := float64((redisAfter - redisBefore).Microseconds()) / keys
+			selfCPU := float64((selfAfter - selfBefore).Microseconds()) / keys
+			b.ReportMetric(scripts/keys, "scripts/key")
+			b.ReportMetric(redisCPU, "redis-cpu-µs/key")
+			b.ReportMetric(selfCPU, "coord-cpu-µs/key")
+			b.ReportMetric(redisCPU+selfCPU, "total-cpu-µs/key")
+			b.ReportMetric(keys/b.Elapsed().Seconds(), "keys/s")
+		})
+	}
+}
+
+// redisPid is the process id of the redis-server rdb talks to.
+func redisPid(ctx context.Context, rdb *redis.Client) (int, error) {
+	info, err := rdb.Info(ctx, "server").Result()
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "process_id:"); ok {
+			return strconv.Atoi(v)
+		}
+	}
+	return 0, errors.New("INFO server: no process_id")
 }

@@ -24,7 +24,9 @@
 // command's reading, dispatch and reply per key (not the script's work on the key). On Cluster,
 // where one script may only touch keys of one slot, each master gets its part as a pipeline of
 // one script per key, run side by side; a master that failed a batch is skipped for
-// NodeCooldown. go-redis may resend a command
+// NodeCooldown. On a standalone (or Sentinel) Redis a Store keeps at most DefaultInFlight batches
+// out at once (WithInFlight): the batches that arrive meanwhile wait and go together in the next
+// round trip (merger). go-redis may resend a command
 // after a connection error without knowing whether Redis ran it, so a request without an OpID
 // may act twice: a Take charged twice (safe: tokens are lost, never created), a Return credited
 // twice (up to capacity). Requests that carry an OpID are answered from their record instead, so
@@ -138,6 +140,7 @@ type Store struct {
 	// batchKeys: the most bucket calls per batch.lua invocation on a standalone Redis; 1 sends
 	// each call as its own script
 	batchKeys int
+	merge     merger // the batches out to Redis at once, and those waiting to join the next
 }
 
 // Option configures a Store.
@@ -160,15 +163,25 @@ func WithBatchKeys(n int) Option {
 	return func(s *Store) { s.batchKeys = max(n, 1) }
 }
 
+// WithInFlight sets the most batches the Store has out to a standalone (or Sentinel) Redis at
+// once (default DefaultInFlight); the batches that arrive while that many are out wait and go
+// together in the next round trip. 0 (or less) sets no bound: every batch is its own round trip.
+// On Cluster every batch is its own round trip whatever the bound: a round trip waits for every
+// master it involves, so one hung master would hold up the batches of the others.
+func WithInFlight(n int) Option {
+	return func(s *Store) { s.merge.most = max(n, 0) }
+}
+
 // New returns a Store on c. On a Cluster client the Store skips, for NodeCooldown, the keys of
 // a master whose part of a batch failed without a reply (see breakers).
 func New(c redis.UniversalClient, opts ...Option) *Store {
-	s := &Store{c: c, batchKeys: MaxBatchKeys}
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		s.nodes = newBreakers(cc, NodeCooldown, time.Now)
-	}
+	s := &Store{c: c, batchKeys: MaxBatchKeys, merge: merger{most: DefaultInFlight}}
 	for _, o := range opts {
 		o(s)
+	}
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		s.nodes = newBreakers(cc, NodeCooldown, time.Now)
+		s.merge.most = 0
 	}
 	return s
 }
@@ -390,16 +403,25 @@ func (s *Store) now() (any, error) {
 	return int64(now), nil
 }
 
-// exec runs calls in one round trip per node (send: one command where one suffices, else a
-// pipeline; on Cluster each master its own part, sendByNode). A NOSCRIPT reply
-// (Redis restarted or its script cache flushed) loads the script (into every node on Cluster) and
-// resends only the failed calls (after the others: the calls of a batch are independent, and
-// that once a batch may apply them out of order); steady state costs no extra round trip. exec returns an error
-// only when the whole batch failed; the error of one call is left in its command.
+// exec runs calls in one round trip per node, with the calls of other batches that wait for one
+// (merger), and returns the error of the whole batch (batchErr).
 func (s *Store) exec(ctx context.Context, calls []call) error {
 	if len(calls) == 0 {
 		return nil
 	}
+	if !s.merge.do(ctx, calls, s.run) {
+		return ctx.Err()
+	}
+	return batchErr(ctx, calls)
+}
+
+// run sends calls in one round trip per node (send: one command where one suffices, else a
+// pipeline; on Cluster each master its own part, sendByNode). A NOSCRIPT reply
+// (Redis restarted or its script cache flushed) loads the script (into every node on Cluster) and
+// resends only the failed calls (after the others: the calls of a batch are independent, and
+// that once a batch may apply them out of order); steady state costs no extra round trip. The
+// error of one call is left in its command.
+func (s *Store) run(ctx context.Context, calls []call) {
 	only := s.nodes.admit(ctx, calls) // nil: every call
 	s.sendByNode(ctx, calls, only, false)
 	var missing []int
@@ -419,7 +441,6 @@ func (s *Store) exec(ctx context.Context, calls []call) error {
 		s.sendByNode(ctx, calls, missing, !loaded)
 	}
 	s.nodes.observe(ctx, calls, only)
-	return batchErr(ctx, calls)
 }
 
 // sendByNode is send, on a Cluster as one pipeline per master run side by side: go-redis fails

@@ -923,3 +923,91 @@ rules:
 		t.Fatalf("cross-slot return: %v %+v", err, back)
 	}
 }
+
+// TestInFlightJoinsBatches: with its one batch out to a Redis that does not answer, a Store
+// holds the batches that arrive meanwhile and sends them in one round trip when Redis answers:
+// one script run for all, each batch answered its own grants, a key in two of them debited
+// twice, in order.
+func TestInFlightJoinsBatches(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	s := redisstore.New(rdb, redisstore.WithInFlight(1))
+	if err := s.Load(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	l := mustLimit(t, 10*tok, 10*tok, 60_000)
+	take := func(want bucket.Micro, keys ...string) []coordinator.TakeRequest {
+		reqs := make([]coordinator.TakeRequest, len(keys))
+		for i, k := range keys {
+			reqs[i] = coordinator.TakeRequest{Key: k, Limit: l, Want: want, Min: want}
+		}
+		return reqs
+	}
+	batches := [][]coordinator.TakeRequest{
+		take(1*tok, "first"),
+		take(2*tok, "b1", "shared"),
+		take(3*tok, "shared", "c1", "c2"),
+		take(4*tok, "d1"),
+	}
+	if err := rdb.ConfigResetStat(ctx(t)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	results := make([][]coordinator.TakeResult, len(batches))
+	var wg sync.WaitGroup
+	send := func(i int) {
+		wg.Go(func() {
+			var err error
+			if results[i], err = s.Take(ctx(t), batches[i]); err != nil {
+				t.Errorf("batch %d: %v", i, err)
+			}
+		})
+	}
+	waitMerging := func(out, waiting int) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			if o, w := s.Merging(); o == out && w == waiting {
+				return
+			}
+			if time.Now().After(deadline) {
+				o, w := s.Merging()
+				t.Fatalf("%d out and %d waiting, want %d and %d", o, w, out, waiting)
+			}
+		}
+	}
+	send(0)
+	waitMerging(1, 0)
+	for i := 1; i < len(batches); i++ {
+		send(i)
+		waitMerging(1, i)
+	}
+	srv.Resume()
+	resumed = true
+	wg.Wait()
+	waitMerging(0, 0)
+	for i, res := range results {
+		for j, r := range res {
+			if want := batches[i][j].Want; r.Err != nil || r.Granted != want {
+				t.Errorf("batch %d, %s: %s, want %d µ granted", i, batches[i][j].Key, storetest.TakeResultString(r), want)
+			}
+		}
+	}
+	if got := results[2][0].Remaining; got != 5*tok {
+		t.Errorf("shared: %d µ left after the third batch, want %d: the second batch's take first, then the third's", got, 5*tok)
+	}
+	var scripts float64
+	for cmd, c := range commandStats(t, rdb) {
+		if redistest.ScriptCommands[cmd] {
+			scripts += c.Calls
+		}
+	}
+	if scripts != 2 {
+		t.Errorf("%v script runs for 4 batches, want 2: the first alone, the three that waited together", scripts)
+	}
+}
