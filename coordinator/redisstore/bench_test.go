@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -221,10 +221,7 @@ func BenchmarkTakeAgents(b *testing.B) {
 			if err := s.Load(ctx); err != nil {
 				b.Fatal(err)
 			}
-			pid, err := redisPid(ctx, rdb)
-			if err != nil {
-				b.Fatal(err)
-			}
+			pid := srv.Pid()
 			l := mustLimit(b, 100*tok, 100*tok, 1000) // 100 a second: a key's bucket is partly spent
 			var next atomic.Uint64
 			var agents atomic.Int64
@@ -251,14 +248,16 @@ func BenchmarkTakeAgents(b *testing.B) {
 			if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
 				b.Fatal(err)
 			}
-			redisBefore, err := stackbench.ProcCPU(pid)
-			if err != nil {
-				b.Fatal(err)
+			cpu := func() (server, self time.Duration) {
+				var err1, err2 error
+				server, err1 = stackbench.ProcCPU(pid)
+				self, err2 = stackbench.ProcCPU(0) // this process
+				if err := errors.Join(err1, err2); err != nil {
+					b.Fatal(err)
+				}
+				return server, self
 			}
-			selfBefore, err := stackbench.ProcCPU(0)
-			if err != nil {
-				b.Fatal(err)
-			}
+			redisBefore, selfBefore := cpu()
 			b.SetParallelism(32) // 64 callers on 2 CPUs
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
@@ -268,21 +267,9 @@ func BenchmarkTakeAgents(b *testing.B) {
 				}
 			})
 			b.StopTimer()
-			redisAfter, err := stackbench.ProcCPU(pid)
-			if err != nil {
-				b.Fatal(err)
-			}
-			selfAfter, err := stackbench.ProcCPU(0)
-			if err != nil {
-				b.Fatal(err)
-			}
+			redisAfter, selfAfter := cpu()
 			keys := float64(2 * b.N)
-			var scripts float64
-			for cmd, c := range commandStats(b, rdb) {
-				if redistest.ScriptCommands[cmd] {
-					scripts += c.Calls
-				}
-			}
+			scripts := scriptRuns(b, rdb)
 			redisCPU := float64((redisAfter - redisBefore).Microseconds()) / keys
 			selfCPU := float64((selfAfter - selfBefore).Microseconds()) / keys
 			b.ReportMetric(scripts/keys, "scripts/key")
@@ -294,16 +281,15 @@ func BenchmarkTakeAgents(b *testing.B) {
 	}
 }
 
-// redisPid is the process id of the redis-server rdb talks to.
-func redisPid(ctx context.Context, rdb *redis.Client) (int, error) {
-	info, err := rdb.Info(ctx, "server").Result()
-	if err != nil {
-		return 0, err
-	}
-	for line := range strings.SplitSeq(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "process_id:"); ok {
-			return strconv.Atoi(v)
+// scriptRuns is how many scripts Redis ran since its statistics were last reset (INFO
+// commandstats).
+func scriptRuns(tb testing.TB, rdb *redis.Client) float64 {
+	tb.Helper()
+	var n float64
+	for cmd, c := range commandStats(tb, rdb) {
+		if redistest.ScriptCommands[cmd] {
+			n += c.Calls
 		}
 	}
-	return 0, errors.New("INFO server: no process_id")
+	return n
 }

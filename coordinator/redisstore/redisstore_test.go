@@ -1001,13 +1001,7 @@ func TestInFlightJoinsBatches(t *testing.T) {
 	if got := results[2][0].Remaining; got != 5*tok {
 		t.Errorf("shared: %d µ left after the third batch, want %d: the second batch's take first, then the third's", got, 5*tok)
 	}
-	var scripts float64
-	for cmd, c := range commandStats(t, rdb) {
-		if redistest.ScriptCommands[cmd] {
-			scripts += c.Calls
-		}
-	}
-	if scripts != 2 {
+	if scripts := scriptRuns(t, rdb); scripts != 2 {
 		t.Errorf("%v script runs for 4 batches, want 2: the first alone, the three that waited together", scripts)
 	}
 }

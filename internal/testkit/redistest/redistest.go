@@ -381,6 +381,16 @@ func (s *Server) Port() int {
 	return s.port
 }
 
+// Pid is the process id of the running server (it changes across restarts), 0 when stopped.
+func (s *Server) Pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		return 0
+	}
+	return s.proc.cmd.Process.Pid
+}
+
 // Dir is the server's working directory (its log is redis.log there).
 func (s *Server) Dir() string { return s.dir }
 
