@@ -15,14 +15,22 @@ import (
 // what a key costs, whatever the key's own work.
 const DefaultInFlight = 2
 
+// MaxJoinKeys is about how many calls one joined round trip carries: the batches waiting go in
+// arrival order, whole, while they fit (a batch larger alone goes alone), and the rest wait for
+// the next place. Four batch.lua runs, a few milliseconds of Redis, so that under a flood the
+// batches that came first are not held for the answers of all that came after; as many keys as
+// an agent's largest call (agent.MaxBatch).
+const MaxJoinKeys = 4 * MaxBatchKeys
+
 // merger joins the batches that arrive while the Store has its most out to Redis: they wait, and
-// the next round trip carries them all (batching only what is already queued: no timer, and a
-// batch that finds a free place goes at once).
+// the next round trip carries them, up to joinKeys calls (batching only what is already queued:
+// no timer, and a batch that finds a free place goes at once).
 type merger struct {
-	most    int // 0: no bound
-	mu      sync.Mutex
-	out     int        // round trips out
-	waiting []*pending // batches that found none free, in arrival order
+	most     int // 0: no bound
+	joinKeys int // the most calls of a joined round trip (MaxJoinKeys); 0: no bound
+	mu       sync.Mutex
+	out      int        // round trips out
+	waiting  []*pending // batches that found none free, in arrival order
 }
 
 // pending is one batch's calls waiting for a round trip, and its caller's context.
@@ -79,13 +87,15 @@ func (m *merger) drop(p *pending) {
 	}
 }
 
-// lead holds one of the places out to Redis: it sends every batch waiting in one round trip and
-// hands each its answers. If more arrived meanwhile, a new goroutine takes the place over, so
-// that the caller who led returns as soon as its own batch is answered.
+// lead holds one of the places out to Redis: it sends the batches waiting (take) in one round
+// trip and hands each its answers. If batches wait after it (left by take, or arrived meanwhile),
+// a new goroutine takes the place over, so that the caller who led returns as soon as its own
+// batch is answered. (Batches wait only while every place is out: one that finds a place free
+// leads, so every batch waiting has a round trip ahead of it that will take it or leave it to
+// the next.)
 func (m *merger) lead(run func(context.Context, []call)) {
 	m.mu.Lock()
-	all := m.waiting
-	m.waiting = nil
+	all := m.take()
 	m.mu.Unlock()
 	batch := all[:0]
 	for _, p := range all {
@@ -105,6 +115,21 @@ func (m *merger) lead(run func(context.Context, []call)) {
 	}
 	m.out--
 	m.mu.Unlock()
+}
+
+// take removes from the batches waiting those the next round trip carries: in arrival order,
+// whole, while their calls fit in joinKeys, and at least one. Called with mu held.
+func (m *merger) take() []*pending {
+	n, calls := 0, 0
+	for n < len(m.waiting) && (n == 0 || m.joinKeys <= 0 || calls+len(m.waiting[n].calls) <= m.joinKeys) {
+		calls += len(m.waiting[n].calls)
+		n++
+	}
+	batch := m.waiting[:n:n]
+	if m.waiting = m.waiting[n:]; len(m.waiting) == 0 {
+		m.waiting = nil
+	}
+	return batch
 }
 
 // send runs the calls of batch as one, then hands each batch its calls' answers. The round trip's

@@ -221,15 +221,19 @@ func TestMergerNoBound(t *testing.T) {
 	checkAnswered(t, b)
 }
 
-// TestMergerUnderLoad: many callers at once never have more round trips out than the bound, and
-// every call is answered with its own answer, once.
+// TestMergerUnderLoad: many callers at once never have more round trips out than the bound, nor
+// more calls in one than joinKeys (batches of at most 5 calls), and every call is answered with
+// its own answer, once.
 func TestMergerUnderLoad(t *testing.T) {
-	const most, callers, each = 2, 32, 100
-	m := &merger{most: most}
+	const most, joinKeys, callers, each = 2, 8, 32, 100
+	m := &merger{most: most, joinKeys: joinKeys}
 	var out, peak, trips, sent atomic.Int64
 	run := func(_ context.Context, calls []call) {
 		n := out.Add(1)
 		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		if len(calls) > joinKeys {
+			t.Errorf("a round trip of %d calls, bound %d", len(calls), joinKeys)
 		}
 		trips.Add(1)
 		sent.Add(int64(len(calls)))
@@ -284,5 +288,50 @@ func TestJoinContexts(t *testing.T) {
 	defer cancelNone()
 	if d, ok := none.Deadline(); ok {
 		t.Fatalf("deadline %v, want none: a batch had none", d)
+	}
+}
+
+// TestMergerJoinKeys: a joined round trip takes the batches waiting in arrival order, whole, while
+// they fit in joinKeys calls; the rest go in the next.
+func TestMergerJoinKeys(t *testing.T) {
+	m := &merger{most: 2, joinKeys: 4}
+	rec := newRecorder(3) // holds the first three round trips
+	var wg sync.WaitGroup
+	batches := map[string][]call{
+		"a": batchOf("a", 1), "b": batchOf("b", 1), // hold both places
+		"c": batchOf("c", 3), "d": batchOf("d", 1), "e": batchOf("e", 2), "f": batchOf("f", 5),
+	}
+	do := func(name string) {
+		wg.Go(func() {
+			if !m.do(context.Background(), batches[name], rec.run) {
+				t.Errorf("%s: not answered", name)
+			}
+		})
+	}
+	do("a")
+	<-rec.started
+	do("b")
+	<-rec.started
+	for i, name := range []string{"c", "d", "e", "f"} {
+		do(name)
+		waitFor(t, name+" waiting", func() bool { return m.waitingNow() == i+1 })
+	}
+	rec.release <- struct{}{} // a place frees: c and d (4 calls) go, e and f wait
+	<-rec.started
+	waitFor(t, "e and f waiting", func() bool { return m.waitingNow() == 2 })
+	close(rec.release) // both places free: e goes, and f (more than 4 calls) alone
+	wg.Wait()
+	waitFor(t, "every place given back", func() bool { out, waiting := m.state(); return out == 0 && waiting == 0 })
+	trips := rec.Trips()
+	if len(trips) != 5 || !slices.Equal(trips[2], []string{"c/0", "c/1", "c/2", "d/0"}) {
+		t.Fatalf("round trips %v, want a and b, then c and d together, then e and f", trips)
+	}
+	last := [][]string{trips[3], trips[4]}
+	slices.SortFunc(last, func(x, y []string) int { return len(x) - len(y) })
+	if want := [][]string{{"e/0", "e/1"}, {"f/0", "f/1", "f/2", "f/3", "f/4"}}; !slices.EqualFunc(last, want, slices.Equal) {
+		t.Fatalf("round trips %v, want e and f apart after c and d", trips)
+	}
+	for _, calls := range batches {
+		checkAnswered(t, calls)
 	}
 }

@@ -175,7 +175,7 @@ func WithInFlight(n int) Option {
 // New returns a Store on c. On a Cluster client the Store skips, for NodeCooldown, the keys of
 // a master whose part of a batch failed without a reply (see breakers).
 func New(c redis.UniversalClient, opts ...Option) *Store {
-	s := &Store{c: c, batchKeys: MaxBatchKeys, merge: merger{most: DefaultInFlight}}
+	s := &Store{c: c, batchKeys: MaxBatchKeys, merge: merger{most: DefaultInFlight, joinKeys: MaxJoinKeys}}
 	for _, o := range opts {
 		o(s)
 	}
