@@ -144,7 +144,8 @@ func commandStats(tb testing.TB, rdb *redis.Client) map[string]redistest.Command
 }
 
 // BenchmarkTakeHotKeyParallel is the throughput of one hot key from many goroutines: the script is
-// the serialization point.
+// the serialization point. The takes that wait while two are out share round trips
+// (WithInFlight), so roundtrips/grant is below 1, but each is still its own bucket call.
 func BenchmarkTakeHotKeyParallel(b *testing.B) {
 	s, _, counter := benchStore(b)
 	reqs := []coordinator.TakeRequest{{Key: "hot", Limit: benchLimit(b), Want: tok, Min: tok}}
