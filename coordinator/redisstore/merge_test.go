@@ -105,6 +105,18 @@ func (m *merger) waitingNow() int {
 	return n
 }
 
+// starter returns a function that sends the named batch of batches through m on a goroutine of
+// wg, and fails the test if it is not answered.
+func starter(t *testing.T, m *merger, rec *recorder, wg *sync.WaitGroup, batches map[string][]call) func(name string) {
+	return func(name string) {
+		wg.Go(func() {
+			if !m.do(context.Background(), batches[name], rec.run) {
+				t.Errorf("%s: not answered", name)
+			}
+		})
+	}
+}
+
 // TestMergerJoinsWaitingBatches: with one round trip out, the batches that arrive meanwhile wait,
 // then go together in one round trip, in arrival order, and each gets its own calls' answers.
 func TestMergerJoinsWaitingBatches(t *testing.T) {
@@ -112,13 +124,7 @@ func TestMergerJoinsWaitingBatches(t *testing.T) {
 	rec := newRecorder(1)
 	var wg sync.WaitGroup
 	batches := map[string][]call{"a": batchOf("a", 2), "b": batchOf("b", 1), "c": batchOf("c", 3), "d": batchOf("d", 2)}
-	do := func(name string) {
-		wg.Go(func() {
-			if !m.do(context.Background(), batches[name], rec.run) {
-				t.Errorf("%s: not answered", name)
-			}
-		})
-	}
+	do := starter(t, m, rec, &wg, batches)
 	do("a")
 	<-rec.started
 	for i, name := range []string{"b", "c", "d"} {
@@ -301,13 +307,7 @@ func TestMergerJoinKeys(t *testing.T) {
 		"a": batchOf("a", 1), "b": batchOf("b", 1), // hold both places
 		"c": batchOf("c", 3), "d": batchOf("d", 1), "e": batchOf("e", 2), "f": batchOf("f", 5),
 	}
-	do := func(name string) {
-		wg.Go(func() {
-			if !m.do(context.Background(), batches[name], rec.run) {
-				t.Errorf("%s: not answered", name)
-			}
-		})
-	}
+	do := starter(t, m, rec, &wg, batches)
 	do("a")
 	<-rec.started
 	do("b")
