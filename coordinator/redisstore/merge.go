@@ -67,7 +67,7 @@ func (m *merger) do(ctx context.Context, calls []call, run func(context.Context,
 	case <-ctx.Done():
 		m.drop(p)
 		select {
-		case <-p.done: // answered as the deadline came: at a deadline that is the rule (a hung node's keys failed, the others answered)
+		case <-p.done: // answered as the deadline came: keep the answers (a hung node's keys failed, the others' were applied)
 			return true
 		default:
 			return false
