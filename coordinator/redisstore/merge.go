@@ -26,8 +26,9 @@ const MaxJoinKeys = 4 * MaxBatchKeys
 // the next round trip carries them, up to joinKeys calls (batching only what is already queued:
 // no timer, and a batch that finds a free place goes at once).
 type merger struct {
-	most     int // 0: no bound
-	joinKeys int // the most calls of a joined round trip (MaxJoinKeys); 0: no bound
+	most     int                           // 0: no bound
+	joinKeys int                           // the most calls of a joined round trip (MaxJoinKeys); 0: no bound
+	run      func(context.Context, []call) // one round trip (Store.run)
 	mu       sync.Mutex
 	out      int        // round trips out
 	waiting  []*pending // batches that found none free, in arrival order
@@ -40,14 +41,14 @@ type pending struct {
 	done  chan struct{} // closed once every call holds its answer
 }
 
-// do runs calls (through run) in one round trip with any other batches waiting then. It reports
+// do runs calls in one round trip with any other batches waiting then. It reports
 // whether they hold their answers: false when ctx was done first, and then calls must not be read
 // (a round trip that already left still writes them). A caller that gives up leaves its calls in
 // the round trip if it already left, and out of it if it had not: a take that ran for nobody
 // loses its tokens (they are never created), as a take whose answer was lost would.
-func (m *merger) do(ctx context.Context, calls []call, run func(context.Context, []call)) bool {
+func (m *merger) do(ctx context.Context, calls []call) bool {
 	if m.most <= 0 {
-		run(ctx, calls)
+		m.run(ctx, calls)
 		return true
 	}
 	p := &pending{ctx: ctx, calls: calls, done: make(chan struct{})}
@@ -59,7 +60,7 @@ func (m *merger) do(ctx context.Context, calls []call, run func(context.Context,
 	}
 	m.mu.Unlock()
 	if lead {
-		m.lead(run)
+		m.lead()
 	}
 	select {
 	case <-p.done:
@@ -93,7 +94,7 @@ func (m *merger) drop(p *pending) {
 // batch is answered. (Batches wait only while every place is out: one that finds a place free
 // leads, so every batch waiting has a round trip ahead of it that will take it or leave it to
 // the next.)
-func (m *merger) lead(run func(context.Context, []call)) {
+func (m *merger) lead() {
 	m.mu.Lock()
 	all := m.take()
 	m.mu.Unlock()
@@ -105,12 +106,12 @@ func (m *merger) lead(run func(context.Context, []call)) {
 		batch = append(batch, p)
 	}
 	if len(batch) > 0 {
-		send(batch, run)
+		m.send(batch)
 	}
 	m.mu.Lock()
 	if len(m.waiting) > 0 {
 		m.mu.Unlock()
-		go m.lead(run)
+		go m.lead()
 		return
 	}
 	m.out--
@@ -134,9 +135,9 @@ func (m *merger) take() []*pending {
 
 // send runs the calls of batch as one, then hands each batch its calls' answers. The round trip's
 // context ends with the last deadline among the batches (none if one has none).
-func send(batch []*pending, run func(context.Context, []call)) {
+func (m *merger) send(batch []*pending) {
 	if len(batch) == 1 {
-		run(batch[0].ctx, batch[0].calls)
+		m.run(batch[0].ctx, batch[0].calls)
 		close(batch[0].done)
 		return
 	}
@@ -149,12 +150,12 @@ func send(batch []*pending, run func(context.Context, []call)) {
 		all = append(all, p.calls...)
 	}
 	ctx, cancel := joinContexts(batch)
-	run(ctx, all)
+	m.run(ctx, all)
 	cancel()
 	k := 0
 	for _, p := range batch {
 		for i := range p.calls {
-			p.calls[i].cmd, p.calls[i].batched, p.calls[i].node = all[k].cmd, all[k].batched, all[k].node
+			p.calls[i].cmd = all[k].cmd // the answer; the rest run sets (batched, node) only run reads
 			k++
 		}
 		close(p.done)

@@ -107,10 +107,10 @@ func (m *merger) waitingNow() int {
 
 // starter returns a function that sends the named batch of batches through m on a goroutine of
 // wg, and fails the test if it is not answered.
-func starter(t *testing.T, m *merger, rec *recorder, wg *sync.WaitGroup, batches map[string][]call) func(name string) {
+func starter(t *testing.T, m *merger, wg *sync.WaitGroup, batches map[string][]call) func(name string) {
 	return func(name string) {
 		wg.Go(func() {
-			if !m.do(context.Background(), batches[name], rec.run) {
+			if !m.do(context.Background(), batches[name]) {
 				t.Errorf("%s: not answered", name)
 			}
 		})
@@ -120,11 +120,11 @@ func starter(t *testing.T, m *merger, rec *recorder, wg *sync.WaitGroup, batches
 // TestMergerJoinsWaitingBatches: with one round trip out, the batches that arrive meanwhile wait,
 // then go together in one round trip, in arrival order, and each gets its own calls' answers.
 func TestMergerJoinsWaitingBatches(t *testing.T) {
-	m := &merger{most: 1}
 	rec := newRecorder(1)
+	m := &merger{most: 1, run: rec.run}
 	var wg sync.WaitGroup
 	batches := map[string][]call{"a": batchOf("a", 2), "b": batchOf("b", 1), "c": batchOf("c", 3), "d": batchOf("d", 2)}
-	do := starter(t, m, rec, &wg, batches)
+	do := starter(t, m, &wg, batches)
 	do("a")
 	<-rec.started
 	for i, name := range []string{"b", "c", "d"} {
@@ -147,15 +147,15 @@ func TestMergerJoinsWaitingBatches(t *testing.T) {
 // TestMergerCallerGivesUp: a batch whose caller's context ends while it waits is answered
 // false at once and never sent.
 func TestMergerCallerGivesUp(t *testing.T) {
-	m := &merger{most: 1}
 	rec := newRecorder(1)
+	m := &merger{most: 1, run: rec.run}
 	a := batchOf("a", 1)
 	var wg sync.WaitGroup
-	wg.Go(func() { m.do(context.Background(), a, rec.run) })
+	wg.Go(func() { m.do(context.Background(), a) })
 	<-rec.started
 	ctx, cancel := context.WithCancel(context.Background())
 	gaveUp := make(chan bool)
-	go func() { gaveUp <- m.do(ctx, batchOf("b", 2), rec.run) }()
+	go func() { gaveUp <- m.do(ctx, batchOf("b", 2)) }()
 	waitFor(t, "b waiting", func() bool { return m.waitingNow() == 1 })
 	cancel()
 	if <-gaveUp {
@@ -167,7 +167,7 @@ func TestMergerCallerGivesUp(t *testing.T) {
 	close(rec.release)
 	wg.Wait()
 	c := batchOf("c", 1)
-	if !m.do(context.Background(), c, rec.run) {
+	if !m.do(context.Background(), c) {
 		t.Fatal("c not answered")
 	}
 	want := [][]string{{"a/0"}, {"c/0"}}
@@ -181,18 +181,18 @@ func TestMergerCallerGivesUp(t *testing.T) {
 // TestMergerLeaderReturns: the caller whose round trip carried others returns as soon as its own
 // batch is answered, while the batches that arrived meanwhile go out without it.
 func TestMergerLeaderReturns(t *testing.T) {
-	m := &merger{most: 1}
 	rec := newRecorder(2) // holds a's round trip, then b's
+	m := &merger{most: 1, run: rec.run}
 	a := batchOf("a", 1)
 	aDone := make(chan struct{})
 	go func() {
-		m.do(context.Background(), a, rec.run)
+		m.do(context.Background(), a)
 		close(aDone)
 	}()
 	<-rec.started
 	bDone := make(chan struct{})
 	go func() {
-		m.do(context.Background(), batchOf("b", 1), rec.run)
+		m.do(context.Background(), batchOf("b", 1))
 		close(bDone)
 	}()
 	waitFor(t, "b waiting", func() bool { return m.waitingNow() == 1 })
@@ -210,18 +210,21 @@ func TestMergerLeaderReturns(t *testing.T) {
 
 // TestMergerNoBound: with no bound every batch is its own round trip, side by side.
 func TestMergerNoBound(t *testing.T) {
-	m := &merger{}
-	var in sync.WaitGroup
-	in.Add(2)
-	run := func(_ context.Context, calls []call) {
-		in.Done()
-		in.Wait() // both round trips are out at once, or this never returns
+	var in atomic.Int64
+	m := &merger{run: func(_ context.Context, calls []call) {
+		in.Add(1)
+		for deadline := time.Now().Add(5 * time.Second); in.Load() < 2; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Error("one round trip out alone for 5 s: the other waited for it")
+				break
+			}
+		}
 		answerKeys(calls)
-	}
+	}}
 	a, b := batchOf("a", 1), batchOf("b", 1)
 	var wg sync.WaitGroup
-	wg.Go(func() { m.do(context.Background(), a, run) })
-	wg.Go(func() { m.do(context.Background(), b, run) })
+	wg.Go(func() { m.do(context.Background(), a) })
+	wg.Go(func() { m.do(context.Background(), b) })
 	wg.Wait()
 	checkAnswered(t, a)
 	checkAnswered(t, b)
@@ -232,7 +235,6 @@ func TestMergerNoBound(t *testing.T) {
 // its own answer, once.
 func TestMergerUnderLoad(t *testing.T) {
 	const most, joinKeys, callers, each = 2, 8, 32, 100
-	m := &merger{most: most, joinKeys: joinKeys}
 	var out, peak, trips, sent atomic.Int64
 	run := func(_ context.Context, calls []call) {
 		n := out.Add(1)
@@ -249,12 +251,13 @@ func TestMergerUnderLoad(t *testing.T) {
 		answerKeys(calls)
 		out.Add(-1)
 	}
+	m := &merger{most: most, joinKeys: joinKeys, run: run}
 	var wg sync.WaitGroup
 	for c := range callers {
 		wg.Go(func() {
 			for i := range each {
 				calls := batchOf(fmt.Sprintf("%d.%d", c, i), 1+rand.IntN(5))
-				if !m.do(context.Background(), calls, run) {
+				if !m.do(context.Background(), calls) {
 					t.Error("not answered")
 					return
 				}
@@ -300,14 +303,14 @@ func TestJoinContexts(t *testing.T) {
 // TestMergerJoinKeys: a joined round trip takes the batches waiting in arrival order, whole, while
 // they fit in joinKeys calls; the rest go in the next.
 func TestMergerJoinKeys(t *testing.T) {
-	m := &merger{most: 2, joinKeys: 4}
 	rec := newRecorder(3) // holds the first three round trips
+	m := &merger{most: 2, joinKeys: 4, run: rec.run}
 	var wg sync.WaitGroup
 	batches := map[string][]call{
 		"a": batchOf("a", 1), "b": batchOf("b", 1), // hold both places
 		"c": batchOf("c", 3), "d": batchOf("d", 1), "e": batchOf("e", 2), "f": batchOf("f", 5),
 	}
-	do := starter(t, m, rec, &wg, batches)
+	do := starter(t, m, &wg, batches)
 	do("a")
 	<-rec.started
 	do("b")

@@ -183,6 +183,7 @@ func New(c redis.UniversalClient, opts ...Option) *Store {
 		s.nodes = newBreakers(cc, NodeCooldown, time.Now)
 		s.merge.most = 0
 	}
+	s.merge.run = s.run
 	return s
 }
 
@@ -409,7 +410,7 @@ func (s *Store) exec(ctx context.Context, calls []call) error {
 	if len(calls) == 0 {
 		return nil
 	}
-	if !s.merge.do(ctx, calls, s.run) {
+	if !s.merge.do(ctx, calls) {
 		return ctx.Err()
 	}
 	return batchErr(ctx, calls)
