@@ -215,7 +215,7 @@ func Size(limit bucket.Limit, cost bucket.Micro, direct bool, a Ask) (Plan, erro
 	ample := min(lifetime, capacity)
 	if !a.Regular {
 		if thin(lifetime, cost) {
-			ample = min(ample+spread(lifetime, cost), capacity, thinLease(capacity, cost))
+			ample = min(ample+spread(lifetime, cost), thinLease(capacity, cost))
 		}
 		ample = roundUp(ample, cost, capacity)
 	}

@@ -348,9 +348,6 @@ func TestPace(t *testing.T) {
 	}
 }
 
-// FuzzContend: whatever the inputs, a contended take is cut to no more than the agent's demand
-// over a lifetime or its share of the refill and the bucket, is never cut below least, and is whole
-// units above least; an uncontended take is unchanged; a pace is within [0, τ].
 // fuzzLimit is the limit of burst tokens refilled per tokens each periodMs, if the fuzzers' inputs
 // make a valid one of a sane size.
 func fuzzLimit(burst, per, periodMs int64) (bucket.Limit, bool) {
@@ -361,6 +358,9 @@ func fuzzLimit(burst, per, periodMs int64) (bucket.Limit, bool) {
 	return l, err == nil
 }
 
+// FuzzContend: whatever the inputs, a contended take is cut to no more than the agent's demand
+// over a lifetime or its share of the refill and the bucket, is never cut below least, and is whole
+// units above least; an uncontended take is unchanged; a pace is within [0, τ].
 func FuzzContend(f *testing.F) {
 	f.Add(int64(20_000), int64(20_000), int64(1000), uint64(1000), uint64(5000), uint64(3), uint64(1000), uint64(40_000), int64(250), int64(250), false, false)
 	f.Add(int64(10), int64(1), int64(60_000), uint64(0), uint64(10), uint64(1), uint64(1), uint64(1), int64(30_000), int64(0), true, true)

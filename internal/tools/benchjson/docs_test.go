@@ -12,8 +12,8 @@ import (
 var outputs = map[string]bool{"bench/stack.txt": true}
 
 // TestDocsCiteKeptRuns: every benchmark run README.md and docs/*.md cite as a file under bench/
-// is in the checkout. CI's checkout holds only what git tracks, and .gitignore keeps only the runs
-// it names, so a cited run that was never added fails here rather than leaving a dead reference.
+// is in the checkout. CI's checkout holds only what git tracks, so a cited run that was never
+// added fails here rather than leaving a dead reference.
 func TestDocsCiteKeptRuns(t *testing.T) {
 	docs, err := filepath.Glob("../../../docs/*.md")
 	if err != nil {
@@ -47,6 +47,6 @@ func TestDocsCiteKeptRuns(t *testing.T) {
 	}
 	sort.Strings(names)
 	for _, f := range names {
-		t.Errorf("%s is cited (%v) but not in the checkout: add it (and to .gitignore's kept runs) or cite what is", f, missing[f])
+		t.Errorf("%s is cited (%v) but not in the checkout: commit it or cite what is", f, missing[f])
 	}
 }
