@@ -57,7 +57,7 @@ bench: redis ## Benchmarks; figures in bench/latest.txt and bench/latest.json (f
 	$(GO) run ./internal/tools/benchjson -o bench/latest.json bench/latest.txt
 
 .PHONY: bench-stack
-bench-stack: redis ## The whole-stack benchmark alone (agent, coordinator, Redis; lease vs direct mode; ~3 min); figures in bench/stack.txt.
+bench-stack: redis ## The whole-stack benchmarks alone (agent, coordinator, Redis; lease vs direct mode; one agent, then four; ~5 min); figures in bench/stack.txt.
 	@mkdir -p bench
 	$(GO) test -run '^$$' -bench BenchmarkStack -benchmem -count 1 -timeout 30m ./internal/testkit/stackbench | tee bench/stack.txt
 

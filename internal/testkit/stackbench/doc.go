@@ -3,7 +3,8 @@
 // direct mode (`lease: off`, one atomic take in Redis per check), against an empty handler.
 //
 // A Stack is one redis-server of its own (internal/testkit/redistest, a free port), one
-// cmd/coordinator on it and one cmd/agent on that coordinator, separate processes built by
+// cmd/coordinator on it and one cmd/agent on that coordinator (or several, StartStackAgents: a
+// fleet whose loads spread their callers over the agents), separate processes built by
 // internal/testkit/proctest, sharing one policy file (PolicyYAML: one rule per Mode, each on its
 // own route, with the limit the Case chooses), so that both modes are measured on the same
 // processes. EmptyServer is cmd emptyagent: every check allowed, nothing else, on the same kind of
@@ -26,7 +27,8 @@
 // up the windows of one run (BenchmarkStack cuts a run into slices, the modes taking turns),
 // Result reports them per check as benchmark metrics and Summary prints the runs as one table.
 //
-// The entry points are BenchmarkStack (part of `make bench`; the README's Performance section
-// says what it reports and how to reproduce it) and TestHarness, which runs the harness on tiny
-// loads in `make test` and checks that it measures what it claims.
+// The entry points are BenchmarkStack and BenchmarkStackAgents, its cases on a fleet of agents
+// (part of `make bench`; the README's Performance section says what they report and how to
+// reproduce it), and TestHarness and TestHarnessAgents, which run the harness on tiny loads in
+// `make test` and check that it measures what it claims.
 package stackbench

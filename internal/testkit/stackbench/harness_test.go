@@ -50,8 +50,8 @@ func TestPolicies(t *testing.T) {
 			if lim.Burst != c.Burst {
 				t.Errorf("%s %s: burst %d, want %d", c.Name, m, lim.Burst, c.Burst)
 			}
-			if got := lease.TTL(lim.Bucket); got != 250*time.Millisecond {
-				t.Errorf("%s %s: lease lifetime %v, want 250ms", c.Name, m, got)
+			if got := lease.TTL(lim.Bucket); got != sb.TTL {
+				t.Errorf("%s %s: lease lifetime %v, want %v", c.Name, m, got, sb.TTL)
 			}
 		}
 	}
@@ -129,7 +129,7 @@ func TestHarness(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys := c.Keys.New(1)
-	warmed, err := sb.Warm(ctx, stack.Socket(), keys, sb.Lease.Path(), 0)
+	warmed, err := sb.Warm(ctx, stack.Sockets(), keys, sb.Lease.Path(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,6 +266,66 @@ func TestHarness(t *testing.T) {
 	}
 }
 
+// TestHarnessAgents runs a tiny load against a stack of two agents on one coordinator and checks
+// what BenchmarkStackAgents relies on: Warm takes every key through each agent; the load's callers
+// are spread over both (each decides checks of the load, not only its warm pass), and between them
+// they decided every check the load counted; the run records its agents, and their CPU is read.
+func TestHarnessAgents(t *testing.T) {
+	redistest.Require(t)
+	bin := binaries(t)
+	ctx := context.Background()
+	c := sb.Case{Name: "tiny", Keys: sb.Dist{Kind: sb.Zipf, N: 1000, S: 1.1}, Limit: sb.TenantLimit, Burst: sb.TenantBurst}
+	const agents, callers = 2, 4
+	stack := sb.StartStackAgents(t, bin, sb.PolicyYAML(c, sb.Direct, sb.Lease), agents)
+	if got := len(stack.Sockets()); got != agents {
+		t.Fatalf("%d sockets, want %d", got, agents)
+	}
+	keys := c.Keys.New(1)
+	warmed, err := sb.Warm(ctx, stack.Sockets(), keys, sb.Lease.Path(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if warmed != agents*int64(c.Keys.N) {
+		t.Fatalf("Warm answered %d checks, want %d: every key through each agent", warmed, agents*c.Keys.N)
+	}
+	const rule = `rule="lease"`
+	var each [agents]float64
+	for i := range each {
+		if each[i], err = stack.AgentMetricAt(ctx, i, "leasebucket_agent_decisions_total", rule); err != nil {
+			t.Fatal(err)
+		}
+		if each[i] != float64(c.Keys.N) {
+			t.Errorf("agent %d decided %v checks in the warm pass, want %d", i, each[i], c.Keys.N)
+		}
+	}
+	tm := sb.Timing{Warmup: 50 * time.Millisecond, Measure: 250 * time.Millisecond}
+	res, err := sb.Measure(ctx, stack, keys, sb.Load{API: sb.Unary, Path: sb.Lease.Path(), Callers: callers}, tm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRun(t, "unary lease on two agents", res, tm.Measure)
+	if res.Agents != agents || res.CPU[sb.ProcAgent] <= 0 {
+		t.Errorf("the run records %d agents and %v of their CPU", res.Agents, res.CPU[sb.ProcAgent])
+	}
+	var total float64
+	for i := range each {
+		n, err := stack.AgentMetricAt(ctx, i, "leasebucket_agent_decisions_total", rule)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n-each[i] < float64(res.Checks())/agents/2 {
+			t.Errorf("agent %d decided %v of the load's %d checks: the callers are not spread", i, n-each[i], res.Checks())
+		}
+		total += n - each[i]
+	}
+	if d := int64(total); d < answered(res) || d > answered(res)+callers {
+		t.Errorf("the agents decided %d checks; the load counted %d (+ at most %d in flight)", d, answered(res), callers)
+	}
+	if sum, err := stack.AgentMetric(ctx, "leasebucket_agent_decisions_total", rule); err != nil || sum != total+float64(warmed) {
+		t.Errorf("AgentMetric sums %v (%v), want %v", sum, err, total+float64(warmed))
+	}
+}
+
 // countingTarget answers every check allowed on a Unix socket of its own and counts them; its
 // counters are that count, read halfway through a reading that takes 2·half: a stand-in for the
 // coordinator's and Redis' counters, which grow with the checks and which the stack reads over
@@ -282,7 +342,7 @@ func (c *countingTarget) Check(context.Context, *agentv1.CheckRequest) (*agentv1
 	return &agentv1.CheckResponse{Decision: agentv1.Decision_DECISION_ALLOW}, nil
 }
 
-func (c *countingTarget) Socket() string { return c.socket }
+func (c *countingTarget) Sockets() []string { return []string{c.socket} }
 
 func (c *countingTarget) Sample(context.Context, bool) (sb.Sample, error) {
 	time.Sleep(c.half)

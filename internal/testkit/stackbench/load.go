@@ -43,7 +43,8 @@ const (
 
 // Load is a closed loop: Callers goroutines, each sending one check, waiting for its answer and
 // sending the next at once, all over one gRPC connection to the agent's socket (as a gateway
-// holds one).
+// holds one); against several agents, one connection to each, the callers spread evenly over
+// them (caller i on agent i mod n).
 type Load struct {
 	API      API
 	Path     string // the route every check asks for: its mode's (Mode.Path); Quota: unused, Lease's
@@ -117,7 +118,7 @@ func (c *caller) record(measuring bool, d time.Duration, o Outcome, err error) {
 type Runner struct {
 	load       Load
 	keys       *Keys
-	conn       *grpc.ClientConn
+	conns      []*grpc.ClientConn // one per socket
 	ctx        context.Context
 	cancel     context.CancelFunc
 	measuring  atomic.Bool
@@ -138,59 +139,77 @@ func Dial(socket string) (*grpc.ClientConn, error) {
 	return grpc.NewClient("unix:"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
 
-// StartLoad starts load against socket, drawing keys from keys; it runs until Stop.
-func StartLoad(socket string, keys *Keys, load Load) (*Runner, error) {
+// StartLoad starts load against sockets (one agent's, or several agents'), drawing keys from
+// keys; it runs until Stop.
+func StartLoad(sockets []string, keys *Keys, load Load) (*Runner, error) {
 	if (load.API != Unary && load.API != Stream && load.API != Envoy && load.API != Quota) || load.Callers < 1 ||
-		(load.API != Quota && load.Path == "") || (load.API == Stream && (load.Streams < 1 || load.MaxBatch < 1)) {
-		return nil, fmt.Errorf("stackbench: invalid load %+v", load)
+		(load.API != Quota && load.Path == "") || (load.API == Stream && (load.Streams < 1 || load.MaxBatch < 1)) ||
+		len(sockets) == 0 || load.Callers < len(sockets) {
+		return nil, fmt.Errorf("stackbench: invalid load %+v on %d sockets", load, len(sockets))
 	}
-	conn, err := Dial(socket)
-	if err != nil {
-		return nil, err
+	r := &Runner{load: load, keys: keys, callers: make([]*caller, load.Callers)}
+	for _, socket := range sockets {
+		conn, err := Dial(socket)
+		if err != nil {
+			r.closeConns()
+			return nil, err
+		}
+		r.conns = append(r.conns, conn)
 	}
-	r := &Runner{load: load, keys: keys, conn: conn, callers: make([]*caller, load.Callers)}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	if load.API == Stream {
-		for range load.Streams {
-			st, err := agentv1.NewAgentServiceClient(conn).CheckStream(r.ctx)
-			if err != nil {
-				r.cancel()
-				r.streamWG.Wait()
-				_ = conn.Close()
-				return nil, fmt.Errorf("stackbench: open stream: %w", err)
+		// Load.Streams on each connection: streams[k*Streams+j] is connection k's j-th.
+		for _, conn := range r.conns {
+			for range load.Streams {
+				st, err := agentv1.NewAgentServiceClient(conn).CheckStream(r.ctx)
+				if err != nil {
+					r.cancel()
+					r.streamWG.Wait()
+					r.closeConns()
+					return nil, fmt.Errorf("stackbench: open stream: %w", err)
+				}
+				s := &checkStream{st: st, queue: make(chan *pending, load.Callers), inflight: map[uint64]*message{}, dead: make(chan struct{})}
+				r.streams = append(r.streams, s)
+				r.streamWG.Go(func() { r.send(s) })
+				r.streamWG.Go(func() { r.receive(s) })
 			}
-			s := &checkStream{st: st, queue: make(chan *pending, load.Callers), inflight: map[uint64]*message{}, dead: make(chan struct{})}
-			r.streams = append(r.streams, s)
-			r.streamWG.Go(func() { r.send(s) })
-			r.streamWG.Go(func() { r.receive(s) })
 		}
 	}
 	if load.API == Quota {
-		if err := r.startQuota(socket); err != nil {
+		if err := r.startQuota(sockets); err != nil {
 			r.stopQuota()
 			r.cancel()
-			_ = conn.Close()
+			r.closeConns()
 			return nil, err
 		}
 	}
+	n := len(r.conns)
 	for i := range r.callers {
 		c := &caller{}
 		r.callers[i] = c
 		next := keys.Sampler(i)
+		conn := r.conns[i%n]
 		switch load.API {
 		case Quota:
 			f := r.filters[i%len(r.filters)]
 			r.wg.Go(func() { r.quota(c, f, next) })
 		case Unary:
-			r.wg.Go(func() { r.unary(c, next) })
+			r.wg.Go(func() { r.unary(c, conn, next) })
 		case Stream:
-			s := r.streams[i%len(r.streams)]
+			s := r.streams[i%n*load.Streams+i/n%load.Streams]
 			r.wg.Go(func() { r.stream(c, s, next) })
 		case Envoy:
-			r.wg.Go(func() { r.envoy(c, next) })
+			r.wg.Go(func() { r.envoy(c, conn, next) })
 		}
 	}
 	return r, nil
+}
+
+// closeConns closes the connections to the sockets.
+func (r *Runner) closeConns() {
+	for _, conn := range r.conns {
+		_ = conn.Close()
+	}
 }
 
 // Begin starts the measured window.
@@ -221,7 +240,7 @@ func (r *Runner) Stop() Window {
 	r.wg.Wait()
 	r.streamWG.Wait()
 	r.stopQuota()
-	_ = r.conn.Close()
+	r.closeConns()
 	w := Window{Wall: r.end.Sub(r.begin), Messages: r.msgs.Load(), MessageChecks: r.msgChecks.Load()}
 	for _, c := range r.callers {
 		w.Latency.Merge(&c.hist)
@@ -236,8 +255,8 @@ func (r *Runner) Stop() Window {
 	return w
 }
 
-func (r *Runner) unary(c *caller, next func() int) {
-	client := agentv1.NewAgentServiceClient(r.conn)
+func (r *Runner) unary(c *caller, conn *grpc.ClientConn, next func() int) {
+	client := agentv1.NewAgentServiceClient(conn)
 	req := &agentv1.CheckRequest{Route: r.load.Path, Operation: Operation, Brief: r.load.Brief}
 	for r.ctx.Err() == nil {
 		req.Tenant = r.keys.Tenant(next())
@@ -267,8 +286,8 @@ func nativeOutcome(d agentv1.Decision, err error) (Outcome, error) {
 	return Failed, fmt.Errorf("stackbench: decision %v", d)
 }
 
-func (r *Runner) envoy(c *caller, next func() int) {
-	client := ratelimitv3.NewRateLimitServiceClient(r.conn)
+func (r *Runner) envoy(c *caller, conn *grpc.ClientConn, next func() int) {
+	client := ratelimitv3.NewRateLimitServiceClient(conn)
 	tenant := &commonv3.RateLimitDescriptor_Entry{Key: "tenant"}
 	req := &ratelimitv3.RateLimitRequest{Domain: "leasebucket", Descriptors: []*commonv3.RateLimitDescriptor{{
 		Entries: []*commonv3.RateLimitDescriptor_Entry{tenant, {Key: "path", Value: r.load.Path}, {Key: "method", Value: Operation}},
@@ -521,13 +540,34 @@ func (s *checkStream) take(resp *checkwire.Answer) ([]*pending, error) {
 	return ps, nil
 }
 
-// Warm checks every key of keys once on route path (Keys.Pass order) in CheckBatch calls of 64
-// checks from 8 goroutines, then waits settle for the leases this took to expire and be returned
-// (Settle, several lease lifetimes, in the benchmark): afterwards the agent knows every key, as it
-// would in a process that has run for a while, and a key's next check is its steady-state cold
-// check. It returns the number of checks answered. Denials and unavailable answers are fine; an
-// error is returned.
-func Warm(ctx context.Context, socket string, keys *Keys, path string, settle time.Duration) (int64, error) {
+// Warm checks every key of keys once on route path (Keys.Pass order) through each agent of
+// sockets, the agents side by side, in CheckBatch calls of 64 checks from 8 goroutines per agent,
+// then waits settle for the leases this took to expire and be returned (Settle, several lease
+// lifetimes, in the benchmark): afterwards each agent knows every key, as it would in a process
+// that has run for a while, and a key's next check is its steady-state cold check. It returns
+// the number of checks answered. Denials and unavailable answers are fine; an error is returned.
+func Warm(ctx context.Context, sockets []string, keys *Keys, path string, settle time.Duration) (int64, error) {
+	var (
+		answered atomic.Int64
+		errs     = make([]error, len(sockets))
+		wg       sync.WaitGroup
+	)
+	for i, socket := range sockets {
+		wg.Go(func() {
+			n, err := warmOne(ctx, socket, keys, path)
+			answered.Add(n)
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return answered.Load(), err
+	}
+	return answered.Load(), sleep(ctx, settle)
+}
+
+// warmOne is Warm's pass through one agent, without the settling.
+func warmOne(ctx context.Context, socket string, keys *Keys, path string) (int64, error) {
 	conn, err := Dial(socket)
 	if err != nil {
 		return 0, err
@@ -576,8 +616,5 @@ func Warm(ctx context.Context, socket string, keys *Keys, path string, settle ti
 		})
 	}
 	wg.Wait()
-	if first != nil {
-		return answered.Load(), first
-	}
-	return answered.Load(), sleep(ctx, settle)
+	return answered.Load(), first
 }

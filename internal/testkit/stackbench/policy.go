@@ -3,6 +3,7 @@ package stackbench
 import (
 	"fmt"
 	"strconv"
+	"time"
 )
 
 // Mode is how the benchmarked rule spends its global bucket.
@@ -73,6 +74,10 @@ const (
 	TenantLimit = "100/second"
 	TenantBurst = 100
 )
+
+// TTL is the lease lifetime of every case's rules: τ = C/(4r) = 250 ms for both limits above
+// (lease.TTL; TestPolicies checks it).
+const TTL = 250 * time.Millisecond
 
 // Case is one key distribution and the rule its tenants are limited by.
 type Case struct {

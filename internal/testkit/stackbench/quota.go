@@ -31,14 +31,15 @@ func quotaFilterYAML() string {
 		envoyquota.Route{Prefix: Lease.prefix(), Template: Lease.Route()})
 }
 
-// quotaFilters are the filters of a Quota load, each on its own connection.
-func (r *Runner) startQuota(socket string) error {
+// startQuota starts the filters of a Quota load, each on its own connection, filter i to
+// sockets[i mod n].
+func (r *Runner) startQuota(sockets []string) error {
 	cfg, err := envoyquota.ParseConfig(quotaFilterYAML())
 	if err != nil {
 		return err
 	}
-	for range max(1, r.load.Envoys) {
-		conn, err := Dial(socket)
+	for i := range max(1, r.load.Envoys) {
+		conn, err := Dial(sockets[i%len(sockets)])
 		if err != nil {
 			return err
 		}

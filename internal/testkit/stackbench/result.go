@@ -21,6 +21,8 @@ type Result struct {
 	API  API
 	Mode Mode
 	Dist Dist
+	// Agents is how many agents the load's callers were spread over (Target.Sockets).
+	Agents int
 	Window
 	// Deltas over the measured window. Scripts, RedisCmds, StoreOps and Calls are read over a
 	// slightly longer span and scaled to the window's checks (Measure).
@@ -49,8 +51,8 @@ func (r *Result) slice() Slice { return Slice{Rate: r.Rate(), TotalCPU: r.TotalC
 // Measure runs load against target: the callers start, run for tm.Warmup uncounted, then for
 // tm.Measure counted, and stop. The counters are read around the measured window (Target.Sample).
 func Measure(ctx context.Context, target Target, keys *Keys, load Load, tm Timing) (Result, error) {
-	res := Result{API: load.API, Dist: keys.Dist()}
-	r, err := StartLoad(target.Socket(), keys, load)
+	res := Result{API: load.API, Dist: keys.Dist(), Agents: len(target.Sockets())}
+	r, err := StartLoad(target.Sockets(), keys, load)
 	if err != nil {
 		return res, err
 	}
@@ -179,6 +181,46 @@ func (r *Result) TotalCPUPerCheck() float64 {
 // Percent is the share of the checks that got o, in %.
 func (r *Result) Percent(o Outcome) float64 { return 100 * r.PerCheck(float64(r.Outcomes[o])) }
 
+// OpsBound is the fewest store operations per check that leases of lifetime tau could take on
+// r's checks, whatever their rule (docs/leases.md, "What leases cannot save on a long tail"): a
+// lease serves checks only while it lives, so a key checked at λ a second on one agent costs at
+// least λ/(1 + λ·tau) takes a second, its checks arriving at random; spread evenly over n agents,
+// each with its own leases, λ/(1 + λ·tau/n). Per check that is Σ λ_k/(1 + λ_k·tau/n) ÷ Σ λ_k
+// over the distribution's keys at r's rate (Zipf: λ_k ∝ (k+1)^-S; Hot: the one key). The uniform
+// walk checks each key once every N/X seconds: a key checked less often than tau is a take per
+// check, 1; when keys come round faster than tau the walk is not random and no bound is given, 0.
+// 0 too for a run without checks.
+func (r *Result) OpsBound(tau time.Duration) float64 {
+	rate, n := r.Rate(), float64(max(1, r.Agents))
+	if r.Checks() == 0 || rate <= 0 {
+		return 0
+	}
+	span := tau.Seconds() / n
+	switch r.Dist.Kind {
+	case Hot:
+		return 1 / (1 + rate*span)
+	case Uniform:
+		if float64(r.Dist.N)/rate >= tau.Seconds() {
+			return 1
+		}
+		return 0
+	case Zipf:
+		var h float64
+		w := make([]float64, r.Dist.N)
+		for k := range w {
+			w[k] = math.Pow(float64(k+1), -r.Dist.S)
+			h += w[k]
+		}
+		var ops float64
+		for _, wk := range w {
+			l := rate * wk / h
+			ops += l / (1 + l*span)
+		}
+		return ops / rate
+	}
+	return 0
+}
+
 // KeyInterval is, for a uniform case, how long apart two checks of one key are: N checks of the
 // walk at the measured rate. 0 for the other distributions, whose keys have no single interval.
 func (r *Result) KeyInterval() time.Duration {
@@ -219,6 +261,17 @@ func (r *Result) Report(b *testing.B) {
 	if iv := r.KeyInterval(); iv > 0 {
 		b.ReportMetric(float64(iv)/float64(time.Millisecond), "key-interval-ms")
 	}
+	if bound := r.leaseBound(); bound > 0 {
+		b.ReportMetric(bound, "store-ops-bound/check")
+	}
+}
+
+// leaseBound is OpsBound at the benchmark rules' lease lifetime, for a lease run; 0 for the others.
+func (r *Result) leaseBound() float64 {
+	if r.Mode != Lease {
+		return 0
+	}
+	return r.OpsBound(TTL)
 }
 
 func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
@@ -323,8 +376,8 @@ func (s *Summary) Write(w io.Writer) {
 		return
 	}
 	var b strings.Builder
-	b.WriteString("| case | API | mode | checks/s | p50 µs | p99 µs | scripts/check | Redis cmds/check | store ops/check | CPU µs/check agent | coord | Redis | total | denied % | unavailable % | key interval s | ×direct checks/s | ×direct CPU/check | ×empty checks/s | steal % |\n")
-	b.WriteString("|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	b.WriteString("| case | API | mode | checks/s | p50 µs | p99 µs | scripts/check | Redis cmds/check | store ops/check | lease bound ops/check | CPU µs/check agent | coord | Redis | total | denied % | unavailable % | key interval s | ×direct checks/s | ×direct CPU/check | ×empty checks/s | steal % |\n")
+	b.WriteString("|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range s.results {
 		q := RatiosOf(r, nil, s.EmptyOf(r.API))
 		if r.Mode.Compared() {
@@ -349,9 +402,13 @@ func (s *Summary) Write(w io.Writer) {
 		if iv := r.KeyInterval(); iv > 0 {
 			interval = fmt.Sprintf("%.1f", iv.Seconds())
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %.0f | %.0f | %s | %s | %s | %.1f | %s | %s | %.1f | %.1f | %.1f | %s | %s | %s | %s | %.0f |\n",
+		bound := ""
+		if v := r.leaseBound(); v > 0 {
+			bound = fmt.Sprintf("%.4f", v)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %.0f | %.0f | %s | %s | %s | %s | %.1f | %s | %s | %.1f | %.1f | %.1f | %s | %s | %s | %s | %.0f |\n",
 			r.Case, r.API, r.Mode, r.Rate(), micros(r.Latency.Quantile(0.5)), micros(r.Latency.Quantile(0.99)),
-			dash(r.PerCheck(r.Scripts), "%.4f"), dash(r.PerCheck(r.RedisCmds), "%.3f"), dash(r.PerCheck(r.StoreOps), "%.4f"),
+			dash(r.PerCheck(r.Scripts), "%.4f"), dash(r.PerCheck(r.RedisCmds), "%.3f"), dash(r.PerCheck(r.StoreOps), "%.4f"), bound,
 			r.CPUPerCheck(ProcAgent), dash(r.CPUPerCheck(ProcCoordinator), "%.1f"), dash(r.CPUPerCheck(ProcRedis), "%.1f"),
 			r.TotalCPUPerCheck(), r.Percent(Denied), r.Percent(Unavailable), interval, ratio(q.DirectRate), ratio(q.DirectCPU), ratio(q.EmptyRate), r.Host.StealPercent())
 	}

@@ -2,6 +2,7 @@ package stackbench
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -203,5 +204,56 @@ func TestSummaryEmptyControl(t *testing.T) {
 	if len(rows) != 4 || !strings.HasPrefix(rows[2], "| hot | unary | empty | 1000 |") || !strings.HasSuffix(rows[2], "|  |  |  | 0 |") ||
 		!strings.HasPrefix(rows[3], "| hot | unary | empty-control | 1040 | 0 | 0 | — | — | — |") || !strings.HasSuffix(rows[3], "|  |  | 1.04 | 0 |") {
 		t.Errorf("the second empty handler's row is not compared with the first:\n%s", out)
+	}
+}
+
+// TestOpsBound: the fewest store operations per check leases could take, against values worked
+// out by hand (Zipf: the sum over 100,000 keys computed apart, at the rates of the README's runs)
+// and the cases' limits: more agents take more (each keeps its own leases of its share of a key's
+// checks), a faster load fewer; the uniform walk's keys colder than τ take one each; a lease row
+// of the summary shows it, a direct row does not.
+func TestOpsBound(t *testing.T) {
+	run := func(d Dist, agents int, rate int64) *Result {
+		r := &Result{Dist: d, Agents: agents, Mode: Lease}
+		r.Wall = time.Second
+		r.Outcomes[Allowed] = rate
+		return r
+	}
+	zipf := Dist{Kind: Zipf, N: 100_000, S: 1.1}
+	for _, c := range []struct {
+		r    *Result
+		want float64
+	}{
+		{run(zipf, 1, 19_711), 0.33046},
+		{run(zipf, 0, 19_711), 0.33046}, // no agents recorded: one
+		{run(zipf, 1, 15_222), 0.34839},
+		{run(zipf, 4, 15_222), 0.45199},
+		{run(Dist{Kind: Hot, N: 1}, 1, 1000), 1.0 / 251},
+		{run(Dist{Kind: Hot, N: 1}, 4, 1000), 4.0 / 254},
+		{run(Dist{Kind: Uniform, N: 10_000}, 4, 5000), 1},   // each key every 2 s
+		{run(Dist{Kind: Uniform, N: 10_000}, 1, 50_000), 0}, // every 200 ms: not given
+		{run(Dist{Kind: Zipf, N: 100, S: 2}, 1, 0), 0},      // no checks
+	} {
+		if got := c.r.OpsBound(TTL); math.Abs(got-c.want) > 5e-6 {
+			t.Errorf("%+v, %d agents, %.0f checks/s: bound %.6f, want %.6f", c.r.Dist, c.r.Agents, c.r.Rate(), got, c.want)
+		}
+	}
+	var s Summary
+	direct, lease := *run(zipf, 4, 15_222), *run(zipf, 4, 15_222)
+	direct.Case, direct.Mode, lease.Case = "zipf", Direct, "zipf"
+	s.Add(direct)
+	s.Add(lease)
+	var out strings.Builder
+	s.Write(&out)
+	rows := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(rows) != 4 {
+		t.Fatalf("%d lines:\n%s", len(rows), out.String())
+	}
+	// case, API, mode, checks/s, p50, p99, scripts, commands, store ops, bound
+	if col := strings.Split(rows[2], "|")[10]; col != "  " {
+		t.Errorf("direct row's bound column %q, want empty:\n%s", col, out.String())
+	}
+	if col := strings.Split(rows[3], "|")[10]; col != " 0.4520 " {
+		t.Errorf("lease row's bound column %q, want 0.4520:\n%s", col, out.String())
 	}
 }

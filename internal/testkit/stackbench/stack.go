@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"testing"
 	"time"
 
@@ -21,8 +22,9 @@ type Binaries struct {
 
 // Target is what a load runs against: a Stack or an EmptyServer.
 type Target interface {
-	// Socket is the Unix socket the checks go to.
-	Socket() string
+	// Sockets are the Unix sockets the checks go to: one per agent, the load's callers spread
+	// evenly over them.
+	Sockets() []string
 	// Sample reads the target's counters. With procsFirst the processes' CPU times are read
 	// before Redis and the metrics endpoints (the end of a phase), else after them (its start):
 	// the probes' own work falls outside the CPU window.
@@ -51,20 +53,28 @@ type Sample struct {
 	Mallocs, Bytes uint64
 }
 
-// Stack is one redis-server (its own, on a free port), one coordinator on it and one agent on
-// that coordinator, all separate processes, with one policy file.
+// Stack is one redis-server (its own, on a free port), one coordinator on it and one or more
+// agents on that coordinator, all separate processes, with one policy file.
 type Stack struct {
 	dir          string
-	socket       string
+	sockets      []string // each agent's
 	probe        *RedisProbe
-	pids         [numProcs]int
-	coordMetrics string // host:port of the coordinator's /metrics
-	agentMetrics string // host:port of the agent's /metrics
-	agent, coord *proctest.Process
+	pids         [numProcs]int // ProcAgent unused: agentPids
+	agentPids    []int
+	coordMetrics string   // host:port of the coordinator's /metrics
+	agentMetrics []string // host:port of each agent's /metrics
+	coord        *proctest.Process
 }
 
-// StartStack starts a stack with the policy file policy. Everything is stopped when t ends.
+// StartStack starts a stack of one agent with the policy file policy. Everything is stopped when
+// t ends.
 func StartStack(t testing.TB, bin Binaries, policy []byte) *Stack {
+	return StartStackAgents(t, bin, policy, 1)
+}
+
+// StartStackAgents starts a stack of agents agents (at least one), each on a Unix socket of its
+// own, all on the one coordinator, as the nodes of a fleet share their coordinators and Redis.
+func StartStackAgents(t testing.TB, bin Binaries, policy []byte, agents int) *Stack {
 	t.Helper()
 	s := &Stack{dir: socketDir(t)}
 	polFile := filepath.Join(s.dir, "policy.yaml")
@@ -91,21 +101,38 @@ func StartStack(t testing.TB, bin Binaries, policy []byte) *Stack {
 	proctest.WaitTCP(t, s.coordMetrics)
 	s.pids[ProcCoordinator] = s.coord.Pid()
 
-	s.socket = filepath.Join(s.dir, "agent.sock")
-	s.agentMetrics = proctest.FreeAddr(t)
-	s.agent = proctest.Start(t, bin.Agent, "--socket", s.socket, "--coordinators", listen,
-		"--policy", polFile, "--metrics-listen", s.agentMetrics, "--overrides-interval", "0")
-	s.agent.LogField(t, "agent serving", "policy_version")
-	s.pids[ProcAgent] = s.agent.Pid()
+	for i := range max(1, agents) {
+		socket := filepath.Join(s.dir, "agent"+strconv.Itoa(i)+".sock")
+		metrics := proctest.FreeAddr(t)
+		a := proctest.Start(t, bin.Agent, "--socket", socket, "--coordinators", listen,
+			"--policy", polFile, "--metrics-listen", metrics, "--overrides-interval", "0")
+		a.LogField(t, "agent serving", "policy_version")
+		s.sockets = append(s.sockets, socket)
+		s.agentMetrics = append(s.agentMetrics, metrics)
+		s.agentPids = append(s.agentPids, a.Pid())
+	}
 	return s
 }
 
-// Socket is the agent's Unix socket.
-func (s *Stack) Socket() string { return s.socket }
+// Sockets are the agents' Unix sockets.
+func (s *Stack) Sockets() []string { return s.sockets }
 
-// AgentMetric is the sum of the agent's metric name over the samples labelled with match.
+// AgentMetric is the sum over the agents of their metric name's samples labelled with match.
 func (s *Stack) AgentMetric(ctx context.Context, name string, match ...string) (float64, error) {
-	return ScrapeSum(ctx, s.agentMetrics, name, match...)
+	var sum float64
+	for i := range s.agentMetrics {
+		v, err := s.AgentMetricAt(ctx, i, name, match...)
+		if err != nil {
+			return 0, err
+		}
+		sum += v
+	}
+	return sum, nil
+}
+
+// AgentMetricAt is AgentMetric of the i-th agent alone (Sockets()[i]'s).
+func (s *Stack) AgentMetricAt(ctx context.Context, i int, name string, match ...string) (float64, error) {
+	return ScrapeSum(ctx, s.agentMetrics[i], name, match...)
 }
 
 // CoordinatorMetric is the sum of the coordinator's metric name over the samples labelled with
@@ -134,7 +161,7 @@ func (s *Stack) Sample(ctx context.Context, procsFirst bool) (Sample, error) {
 	if !procsFirst {
 		others()
 	}
-	err := readProcs(&out, s.pids)
+	err := readProcs(&out, s.pids, s.agentPids)
 	if procsFirst {
 		others()
 	}
@@ -142,15 +169,20 @@ func (s *Stack) Sample(ctx context.Context, procsFirst bool) (Sample, error) {
 }
 
 // readProcs reads the CPU time of every process of pids (0: none, except ProcClient: this
-// process) and this process's allocations.
-func readProcs(out *Sample, pids [numProcs]int) error {
+// process), the agents' (agents, summed as ProcAgent) and this process's allocations.
+func readProcs(out *Sample, pids [numProcs]int, agents []int) error {
 	var errs []error
 	for p := range numProcs {
-		if pids[p] == 0 && p != ProcClient {
+		if p == ProcAgent || (pids[p] == 0 && p != ProcClient) {
 			continue
 		}
 		cpu, err := ProcCPU(pids[p])
 		out.CPU[p] = cpu
+		errs = append(errs, err)
+	}
+	for _, pid := range agents {
+		cpu, err := ProcCPU(pid)
+		out.CPU[ProcAgent] += cpu
 		errs = append(errs, err)
 	}
 	var ms runtime.MemStats
@@ -162,7 +194,7 @@ func readProcs(out *Sample, pids [numProcs]int) error {
 // EmptyServer is the empty handler (emptyagent) on a Unix socket of its own.
 type EmptyServer struct {
 	socket string
-	pids   [numProcs]int
+	pid    int
 }
 
 // StartEmpty starts the empty handler; it is stopped when t ends.
@@ -171,17 +203,17 @@ func StartEmpty(t testing.TB, bin Binaries) *EmptyServer {
 	e := &EmptyServer{socket: filepath.Join(socketDir(t), "empty.sock")}
 	p := proctest.Start(t, bin.Empty, "--socket", e.socket)
 	p.LogField(t, "serving", "socket")
-	e.pids[ProcAgent] = p.Pid()
+	e.pid = p.Pid()
 	return e
 }
 
-// Socket is the empty handler's Unix socket.
-func (e *EmptyServer) Socket() string { return e.socket }
+// Sockets is the empty handler's Unix socket.
+func (e *EmptyServer) Sockets() []string { return []string{e.socket} }
 
 // Sample reads the empty handler's CPU time (as ProcAgent) and this process's.
 func (e *EmptyServer) Sample(context.Context, bool) (Sample, error) {
 	var out Sample
-	err := readProcs(&out, e.pids)
+	err := readProcs(&out, [numProcs]int{}, []int{e.pid})
 	return out, err
 }
 

@@ -93,95 +93,9 @@ var apis = []sb.API{sb.Unary, sb.Stream, sb.Envoy}
 // time-bound (the first mode's sub-benchmark measures every slice but the others' last ones).
 func BenchmarkStack(b *testing.B) {
 	bin, tm := benchSetup(b)
-	ctx := context.Background()
 	var sum sb.Summary
 	for _, c := range sb.Cases {
-		b.Run(c.Name, func(b *testing.B) {
-			rules := []sb.Mode{sb.Direct, sb.Lease}
-			if *aa {
-				rules = append(rules, sb.Control)
-			}
-			modes := rules
-			targets := map[sb.Mode]sb.Target{}
-			keys := map[sb.Mode]*sb.Keys{}
-			if c.Keys.Kind == sb.Hot {
-				bare := []sb.Mode{sb.Empty}
-				if *aa {
-					bare = append(bare, sb.EmptyControl)
-				}
-				for _, m := range bare {
-					targets[m] = sb.StartEmpty(b, bin)
-				}
-				modes = append(bare, modes...)
-			}
-			stack := sb.StartStack(b, bin, sb.PolicyYAML(c, rules...))
-			for i, m := range rules {
-				targets[m] = stack
-				keys[m] = c.Keys.New(seed)
-				settle := time.Duration(0)
-				if i == len(rules)-1 {
-					settle = sb.Settle
-				}
-				if _, err := sb.Warm(ctx, stack.Socket(), keys[m], m.Path(), settle); err != nil {
-					b.Fatal(err)
-				}
-			}
-			for _, api := range apis {
-				b.Run(string(api), func(b *testing.B) {
-					for _, m := range modes {
-						if m.Bare() {
-							keys[m] = c.Keys.New(seed) // each API's empty runs from the start of the draws
-						}
-					}
-					n := max(1, *rounds)
-					slice := sb.Timing{Warmup: tm.Warmup, Measure: tm.Measure / time.Duration(n)}
-					got := map[sb.Mode]*sb.Result{}
-					measure := func(b *testing.B, m sb.Mode) {
-						runtime.GC() // every slice's load generator starts from the same clean heap
-						load := benchLoad(api)
-						load.Path = m.Path()
-						res, err := sb.Measure(ctx, targets[m], keys[m], load, slice)
-						if err != nil {
-							b.Fatal(err)
-						}
-						if got[m] == nil {
-							got[m] = &res
-						} else {
-							got[m].Merge(res)
-						}
-					}
-					for i, m := range modes {
-						b.Run(string(m), func(b *testing.B) {
-							if i == 0 {
-								// Every slice but the last of each mode, the modes taking turns
-								// (sb.Turns); each mode's last slice runs in its own sub-benchmark,
-								// in the modes' order, which is the last round's.
-								for r := range n - 1 {
-									for _, m := range sb.Turns(modes, r, n) {
-										measure(b, m)
-									}
-								}
-							}
-							measure(b, m)
-							res := *got[m]
-							if res.Outcomes[sb.Failed] > 0 {
-								b.Errorf("%d of %d checks failed; the first: %v", res.Outcomes[sb.Failed], res.Checks(), res.Err)
-							}
-							res.Case, res.Mode = c.Name, m
-							sum.Add(res)
-							res.Report(b)
-							if m != sb.Empty {
-								var direct *sb.Result
-								if m.Compared() {
-									direct = sum.Find(c.Name, api, sb.Direct)
-								}
-								sb.RatiosOf(&res, direct, sum.EmptyOf(api)).Report(b)
-							}
-						})
-					}
-				})
-			}
-		})
+		b.Run(c.Name, func(b *testing.B) { runCase(b, bin, tm, c, 1, apis, &sum) })
 	}
 	control := ""
 	if *aa {
@@ -191,6 +105,129 @@ func BenchmarkStack(b *testing.B) {
 		runtime.NumCPU(), runtime.GOMAXPROCS(0), time.Now().UTC().Format("2006-01-02"), tm.Measure, max(1, *rounds), tm.Warmup, benchLoad(sb.Unary).Callers, control)
 	sum.Write(os.Stdout)
 	fmt.Println()
+}
+
+// fleet is how many agents BenchmarkStackAgents runs on one coordinator.
+var fleet = flag.Int("stackbench.agents", 4, "BenchmarkStackAgents: agents on the one coordinator, the callers spread evenly over them")
+
+// fleetAPIs are the APIs BenchmarkStackAgents runs: a node's native clients and Envoy's, one
+// call per check (the stream's edge costs a fraction of theirs, BenchmarkStack).
+var fleetAPIs = []sb.API{sb.Unary, sb.Envoy}
+
+// BenchmarkStackAgents is BenchmarkStack's cases on a fleet: -stackbench.agents agents (cmd/agent,
+// each its own process and socket) on one coordinator and one Redis, the benchmark's 64 callers
+// spread evenly over them, every agent drawing its tenants from the whole case's distribution
+// (a fleet behind a load balancer: each key's checks spread over every node). Each agent keeps
+// its own leases, so a key's checks on one agent are a fraction of its checks, and a key shared
+// by agents is the many-agents case of docs/leases.md. CPU per check sums every agent's. Unary
+// and RLS, lease and direct mode taking turns as in BenchmarkStack; no empty handler (its floor
+// is BenchmarkStack's). The summary names each case with its agents.
+func BenchmarkStackAgents(b *testing.B) {
+	bin, tm := benchSetup(b)
+	n := max(1, *fleet)
+	var sum sb.Summary
+	for _, c := range sb.Cases {
+		b.Run(c.Name, func(b *testing.B) { runCase(b, bin, tm, c, n, fleetAPIs, &sum) })
+	}
+	fmt.Printf("\nFleet benchmark summary: %d agents on one coordinator; %d CPUs, GOMAXPROCS %d, %s; each run %v measured in %d slices, each after %v of warm-up, the modes taking turns; %d callers over the agents\n\n",
+		n, runtime.NumCPU(), runtime.GOMAXPROCS(0), time.Now().UTC().Format("2006-01-02"), tm.Measure, max(1, *rounds), tm.Warmup, benchLoad(sb.Unary).Callers)
+	sum.Write(os.Stdout)
+	fmt.Println()
+}
+
+// runCase is one case of BenchmarkStack (agents 1) or BenchmarkStackAgents: a stack of agents
+// agents with the case's rules, warmed, then each API of apis measured on each mode, the modes
+// taking turns, each run reported and added to sum.
+func runCase(b *testing.B, bin sb.Binaries, tm sb.Timing, c sb.Case, agents int, apis []sb.API, sum *sb.Summary) {
+	ctx := context.Background()
+	name := c.Name
+	if agents > 1 {
+		name = fmt.Sprintf("%s ×%d agents", c.Name, agents)
+	}
+	rules := []sb.Mode{sb.Direct, sb.Lease}
+	if *aa {
+		rules = append(rules, sb.Control)
+	}
+	modes := rules
+	targets := map[sb.Mode]sb.Target{}
+	keys := map[sb.Mode]*sb.Keys{}
+	if c.Keys.Kind == sb.Hot && agents == 1 {
+		bare := []sb.Mode{sb.Empty}
+		if *aa {
+			bare = append(bare, sb.EmptyControl)
+		}
+		for _, m := range bare {
+			targets[m] = sb.StartEmpty(b, bin)
+		}
+		modes = append(bare, modes...)
+	}
+	stack := sb.StartStackAgents(b, bin, sb.PolicyYAML(c, rules...), agents)
+	for i, m := range rules {
+		targets[m] = stack
+		keys[m] = c.Keys.New(seed)
+		settle := time.Duration(0)
+		if i == len(rules)-1 {
+			settle = sb.Settle
+		}
+		if _, err := sb.Warm(ctx, stack.Sockets(), keys[m], m.Path(), settle); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, api := range apis {
+		b.Run(string(api), func(b *testing.B) {
+			for _, m := range modes {
+				if m.Bare() {
+					keys[m] = c.Keys.New(seed) // each API's empty runs from the start of the draws
+				}
+			}
+			n := max(1, *rounds)
+			slice := sb.Timing{Warmup: tm.Warmup, Measure: tm.Measure / time.Duration(n)}
+			got := map[sb.Mode]*sb.Result{}
+			measure := func(b *testing.B, m sb.Mode) {
+				runtime.GC() // every slice's load generator starts from the same clean heap
+				load := benchLoad(api)
+				load.Path = m.Path()
+				res, err := sb.Measure(ctx, targets[m], keys[m], load, slice)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if got[m] == nil {
+					got[m] = &res
+				} else {
+					got[m].Merge(res)
+				}
+			}
+			for i, m := range modes {
+				b.Run(string(m), func(b *testing.B) {
+					if i == 0 {
+						// Every slice but the last of each mode, the modes taking turns
+						// (sb.Turns); each mode's last slice runs in its own sub-benchmark,
+						// in the modes' order, which is the last round's.
+						for r := range n - 1 {
+							for _, m := range sb.Turns(modes, r, n) {
+								measure(b, m)
+							}
+						}
+					}
+					measure(b, m)
+					res := *got[m]
+					if res.Outcomes[sb.Failed] > 0 {
+						b.Errorf("%d of %d checks failed; the first: %v", res.Outcomes[sb.Failed], res.Checks(), res.Err)
+					}
+					res.Case, res.Mode = name, m
+					sum.Add(res)
+					res.Report(b)
+					if m != sb.Empty {
+						var direct *sb.Result
+						if m.Compared() {
+							direct = sum.Find(name, api, sb.Direct)
+						}
+						sb.RatiosOf(&res, direct, sum.EmptyOf(api)).Report(b)
+					}
+				})
+			}
+		})
+	}
 }
 
 // quotaEnvoys is how many Envoy-faithful filters the RLQS load runs: four Envoys on the node, each
@@ -220,7 +257,7 @@ func BenchmarkQuota(b *testing.B) {
 		b.Run(c.Name, func(b *testing.B) {
 			stack := sb.StartStack(b, bin, sb.QuotaPolicyYAML())
 			keys := c.Keys.New(seed)
-			if _, err := sb.Warm(ctx, stack.Socket(), keys, sb.Lease.Path(), sb.Settle); err != nil {
+			if _, err := sb.Warm(ctx, stack.Sockets(), keys, sb.Lease.Path(), sb.Settle); err != nil {
 				b.Fatal(err)
 			}
 			for _, api := range []sb.API{sb.Envoy, sb.Quota} {
