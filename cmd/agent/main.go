@@ -61,6 +61,7 @@ type config struct {
 	tlsServerName   string
 	maxWait         time.Duration
 	callTimeout     time.Duration
+	callsInFlight   int
 	maxKeys         int
 	region          string
 	metricsListen   string
@@ -127,6 +128,8 @@ func newFlags(c *config, getenv func(string) string, stderr io.Writer) *cli.Flag
 		"longest a check waits for a refill before the route's failure mode answers (never past the caller's deadline)")
 	f.EnvDuration(&c.callTimeout, "call-timeout", "LEASEBUCKET_AGENT_CALL_TIMEOUT", agent.DefaultCallTimeout,
 		"timeout of one Acquire or Return call to a coordinator (a timed-out call is retried once)")
+	f.EnvInt(&c.callsInFlight, "calls-in-flight", "LEASEBUCKET_AGENT_CALLS_IN_FLIGHT", agent.DefaultMaxInFlight,
+		"most Acquire and Return calls out to the coordinators at once; refills queued while all are out go together in the next call")
 	f.EnvInt(&c.maxKeys, "max-keys", "LEASEBUCKET_AGENT_MAX_KEYS", agent.DefaultMaxKeys,
 		"most keys in the lease table; the least recently used are evicted and their leases returned")
 	f.EnvString(&c.region, "region", "LEASEBUCKET_REGION", "", "this node's region, for rules with regional scope")
@@ -171,6 +174,8 @@ func (c *config) check(f *cli.Flags) error {
 		return errors.New("--overrides-interval must not be negative (0 turns runtime overrides off)")
 	case c.maxKeys <= 0:
 		return errors.New("--max-keys must be positive")
+	case c.callsInFlight <= 0:
+		return errors.New("--calls-in-flight must be positive")
 	case c.settleWindow <= 0 || c.maxSettleHolds <= 0:
 		return errors.New("--settle-window and --max-settle-holds must be positive")
 	case c.idempotencyWindow < 0 || (c.idempotencyWindow > 0 && c.idempotencyWindow < max(time.Second, 2*c.maxWait)):
@@ -269,6 +274,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		Coordinator: agent.CoordinatorClient(conn),
 		Clock:       clk,
 		CallTimeout: cfg.callTimeout,
+		MaxInFlight: cfg.callsInFlight,
 		ReloadPolicy: func() {
 			_, _ = watcher.Reload() // OnChange installs a new policy; errors are logged by the watcher
 			if err := refreshOverrides(context.Background(), src, cfg.callTimeout); err != nil {

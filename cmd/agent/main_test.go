@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -53,7 +54,7 @@ func TestHelp(t *testing.T) {
 		"--coordinators", "--policy", "--max-wait duration  (LEASEBUCKET_AGENT_MAX_WAIT, default 50ms)", "--max-keys", "--region",
 		"--metrics-listen", "--health-listen", "LEASEBUCKET_AGENT_HEALTH_LISTEN", "--tls-ca", "--tls-cert", "--tls-key",
 		"--listen", "--shutdown-timeout", "--policy-interval duration  (LEASEBUCKET_POLICY_INTERVAL, default 2s)",
-		"--log-level", "--log-format"} {
+		"--log-level", "--log-format", "--calls-in-flight int  (LEASEBUCKET_AGENT_CALLS_IN_FLIGHT, default 4)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("--help does not mention %q", want)
 		}
@@ -70,12 +71,40 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"--coordinators", "x:1"}, nil, "--policy is required"},
 		{[]string{"--coordinators", "x:1", "--policy", "p"}, map[string]string{"LEASEBUCKET_AGENT_MAX_WAIT": "soon"}, "LEASEBUCKET_AGENT_MAX_WAIT"},
 		{[]string{"--coordinators", "x:1", "--policy", "p", "--max-keys", "0"}, nil, "--max-keys must be positive"},
+		{[]string{"--coordinators", "x:1", "--policy", "p", "--calls-in-flight", "0"}, nil, "--calls-in-flight must be positive"},
+		{[]string{"--coordinators", "x:1", "--policy", "p"}, map[string]string{"LEASEBUCKET_AGENT_CALLS_IN_FLIGHT": "-1"}, "--calls-in-flight must be positive"},
 		{[]string{"--coordinators", "x:1", "--policy", "p", "extra"}, nil, "unexpected arguments"},
 	} {
 		getenv := func(k string) string { return tc.env[k] }
 		err := run(context.Background(), tc.args, getenv, &bytes.Buffer{})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("run(%q) = %v, want an error about %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// TestCallsInFlight: --calls-in-flight defaults to the Refresher's DefaultMaxInFlight, is read
+// from its environment variable, and the flag wins over the variable.
+func TestCallsInFlight(t *testing.T) {
+	base := []string{"--coordinators", "x:1", "--policy", "p"}
+	for _, tc := range []struct {
+		args []string
+		env  string
+		want int
+	}{
+		{nil, "", agent.DefaultMaxInFlight},
+		{nil, "3", 3},
+		{[]string{"--calls-in-flight", "1"}, "3", 1},
+	} {
+		getenv := func(k string) string {
+			if k == "LEASEBUCKET_AGENT_CALLS_IN_FLIGHT" {
+				return tc.env
+			}
+			return ""
+		}
+		cfg, err := parseFlags(append(base, tc.args...), getenv, io.Discard)
+		if err != nil || cfg.callsInFlight != tc.want {
+			t.Errorf("%q with $LEASEBUCKET_AGENT_CALLS_IN_FLIGHT=%q: %d calls in flight (%v), want %d", tc.args, tc.env, cfg.callsInFlight, err, tc.want)
 		}
 	}
 }
