@@ -266,10 +266,11 @@ func TestHarness(t *testing.T) {
 	}
 }
 
-// TestHarnessAgents runs a tiny load against a stack of two agents on one coordinator and checks
-// what BenchmarkStackAgents relies on: Warm takes every key through each agent; the load's callers
-// are spread over both (each decides checks of the load, not only its warm pass), and between them
-// they decided every check the load counted; the run records its agents, and their CPU is read.
+// TestHarnessAgents runs tiny loads (unary, stream, RLS) against a stack of two agents on one
+// coordinator and checks what BenchmarkStackAgents relies on: Warm takes every key through each
+// agent; each load's callers are spread over both (each decides a share of the load's checks),
+// and between them they decided every check the load counted; the run records its agents, and
+// their CPU is read.
 func TestHarnessAgents(t *testing.T) {
 	redistest.Require(t)
 	bin := binaries(t)
@@ -299,27 +300,33 @@ func TestHarnessAgents(t *testing.T) {
 		}
 	}
 	tm := sb.Timing{Warmup: 50 * time.Millisecond, Measure: 250 * time.Millisecond}
-	res, err := sb.Measure(ctx, stack, keys, sb.Load{API: sb.Unary, Path: sb.Lease.Path(), Callers: callers}, tm)
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkRun(t, "unary lease on two agents", res, tm.Measure)
-	if res.Agents != agents || res.CPU[sb.ProcAgent] <= 0 {
-		t.Errorf("the run records %d agents and %v of their CPU", res.Agents, res.CPU[sb.ProcAgent])
-	}
 	var total float64
-	for i := range each {
-		n, err := stack.AgentMetricAt(ctx, i, "leasebucket_agent_decisions_total", rule)
+	for _, api := range []sb.API{sb.Unary, sb.Stream, sb.Envoy} {
+		load := sb.Load{API: api, Path: sb.Lease.Path(), Callers: callers, Streams: 2, MaxBatch: 4, Linger: 50 * time.Microsecond}
+		res, err := sb.Measure(ctx, stack, keys, load, tm)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s: %v", api, err)
 		}
-		if n-each[i] < float64(res.Checks())/agents/2 {
-			t.Errorf("agent %d decided %v of the load's %d checks: the callers are not spread", i, n-each[i], res.Checks())
+		checkRun(t, fmt.Sprintf("%s lease on two agents", api), res, tm.Measure)
+		if res.Agents != agents || res.CPU[sb.ProcAgent] <= 0 {
+			t.Errorf("%s: the run records %d agents and %v of their CPU", api, res.Agents, res.CPU[sb.ProcAgent])
 		}
-		total += n - each[i]
-	}
-	if d := int64(total); d < answered(res) || d > answered(res)+callers {
-		t.Errorf("the agents decided %d checks; the load counted %d (+ at most %d in flight)", d, answered(res), callers)
+		var run float64
+		for i := range each {
+			n, err := stack.AgentMetricAt(ctx, i, "leasebucket_agent_decisions_total", rule)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n-each[i] < float64(res.Checks())/agents/2 {
+				t.Errorf("%s: agent %d decided %v of the load's %d checks: the callers are not spread", api, i, n-each[i], res.Checks())
+			}
+			run += n - each[i]
+			each[i] = n
+		}
+		if d := int64(run); d < answered(res) || d > answered(res)+callers {
+			t.Errorf("%s: the agents decided %d checks; the load counted %d (+ at most %d in flight)", api, d, answered(res), callers)
+		}
+		total += run
 	}
 	if sum, err := stack.AgentMetric(ctx, "leasebucket_agent_decisions_total", rule); err != nil || sum != total+float64(warmed) {
 		t.Errorf("AgentMetric sums %v (%v), want %v", sum, err, total+float64(warmed))
