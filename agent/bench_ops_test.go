@@ -174,7 +174,10 @@ func tenantQueries(n int) []agent.Query {
 // core and coordinator Service over memstore on a manual clock (syncAgent). cycle checks the keys
 // in turn, each exactly every 0.8 s (the stack benchmark's uniform walk); turns is the walk
 // stopped for 2 s after each 2 s of it, as the stack benchmark's modes take turns on one stack;
-// random draws each check's key independently, so some checks come within τ of their key's last.
+// random draws each check's key independently, so some checks come within τ of their key's last;
+// fleet is one of four agents behind a load balancer on that walk (BenchmarkStackAgents): each
+// check of the walk is this agent's with probability 1/4, so a key's gaps here are random
+// multiples of its period, never shorter than it (a quarter of the checks, at the same pace).
 // ns/op is the in-process cost of a check with its refill, agent and coordinator together;
 // store-ops/check what it asks of the store; granted-tokens/check what the grants held (a check
 // costs 1: the rest lapsed unspent or served a later check). Leases must cost no more than
@@ -184,7 +187,7 @@ func BenchmarkColdKeys(b *testing.B) {
 	const keys, step = 10000, 80 * time.Microsecond
 	const turn = int(2 * time.Second / step) // checks in 2 s
 	for _, mode := range []string{"lease", "direct"} {
-		for _, order := range []string{"cycle", "turns", "random"} {
+		for _, order := range []string{"cycle", "turns", "random", "fleet"} {
 			b.Run(mode+"/"+order, func(b *testing.B) {
 				a := newSyncAgent(b, opsPolicyLease("100/second", 100, map[string]string{"lease": "on", "direct": "off"}[mode]))
 				queries := tenantQueries(keys)
@@ -198,6 +201,13 @@ func BenchmarkColdKeys(b *testing.B) {
 					k := i % keys
 					if order == "random" {
 						k = r.IntN(keys)
+					}
+					if order == "fleet" {
+						for r.IntN(4) != 0 { // the walk's checks that go to the other three agents
+							a.clk.Advance(step)
+							i++
+						}
+						k = i % keys
 					}
 					if v := a.check(b, queries[k]); v.Outcome != agent.Allow {
 						b.Fatalf("check %d: %v far below the rule's rate", i, v.Outcome)
