@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leasebucket/leasebucket/internal/testkit/proctest"
 )
 
 // batchOf is a batch of n calls on keys name/0 .. name/n-1.
@@ -82,15 +84,10 @@ func (r *recorder) Trips() [][]string {
 	return slices.Clone(r.trips)
 }
 
-// waitFor polls cond until it holds or a second passes.
+// waitFor polls cond until it holds, for at most 5 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	proctest.WaitFor(t, 5*time.Second, what, cond)
 }
 
 // state is how many round trips are out and how many batches wait.

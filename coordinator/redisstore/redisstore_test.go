@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net"
 	"slices"
@@ -20,6 +21,7 @@ import (
 	"github.com/leasebucket/leasebucket/coordinator/redisstore"
 	"github.com/leasebucket/leasebucket/coordinator/storetest"
 	"github.com/leasebucket/leasebucket/internal/bucket"
+	"github.com/leasebucket/leasebucket/internal/testkit/proctest"
 	"github.com/leasebucket/leasebucket/internal/testkit/redistest"
 	"github.com/leasebucket/leasebucket/policy"
 )
@@ -971,15 +973,10 @@ func TestInFlightJoinsBatches(t *testing.T) {
 	}
 	waitMerging := func(out, waiting int) {
 		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-			if o, w := s.Merging(); o == out && w == waiting {
-				return
-			}
-			if time.Now().After(deadline) {
-				o, w := s.Merging()
-				t.Fatalf("%d out and %d waiting, want %d and %d", o, w, out, waiting)
-			}
-		}
+		proctest.WaitFor(t, 5*time.Second, fmt.Sprintf("%d batches out and %d waiting", out, waiting), func() bool {
+			o, w := s.Merging()
+			return o == out && w == waiting
+		})
 	}
 	send(0)
 	waitMerging(1, 0)
