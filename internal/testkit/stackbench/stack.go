@@ -59,8 +59,7 @@ type Stack struct {
 	dir          string
 	sockets      []string // each agent's
 	probe        *RedisProbe
-	pids         [numProcs]int // ProcAgent unused: agentPids
-	agentPids    []int
+	pids         procs
 	coordMetrics string   // host:port of the coordinator's /metrics
 	agentMetrics []string // host:port of each agent's /metrics
 	coord        *proctest.Process
@@ -88,7 +87,7 @@ func StartStackAgents(t testing.TB, bin Binaries, policy []byte, agents int) *St
 	}
 	t.Cleanup(func() { _ = probe.Close() })
 	s.probe = probe
-	s.pids[ProcRedis] = redisPid
+	s.pids[ProcRedis] = []int{redisPid}
 
 	listen := proctest.FreeAddr(t)
 	s.coordMetrics = proctest.FreeAddr(t)
@@ -99,7 +98,7 @@ func StartStackAgents(t testing.TB, bin Binaries, policy []byte, agents int) *St
 		"--policy", polFile, "--redis-addrs", srv.Addr(), "--overrides-interval", "1h")
 	proctest.WaitTCP(t, listen)
 	proctest.WaitTCP(t, s.coordMetrics)
-	s.pids[ProcCoordinator] = s.coord.Pid()
+	s.pids[ProcCoordinator] = []int{s.coord.Pid()}
 
 	for i := range max(1, agents) {
 		socket := filepath.Join(s.dir, "agent"+strconv.Itoa(i)+".sock")
@@ -109,7 +108,7 @@ func StartStackAgents(t testing.TB, bin Binaries, policy []byte, agents int) *St
 		a.LogField(t, "agent serving", "policy_version")
 		s.sockets = append(s.sockets, socket)
 		s.agentMetrics = append(s.agentMetrics, metrics)
-		s.agentPids = append(s.agentPids, a.Pid())
+		s.pids[ProcAgent] = append(s.pids[ProcAgent], a.Pid())
 	}
 	return s
 }
@@ -161,29 +160,28 @@ func (s *Stack) Sample(ctx context.Context, procsFirst bool) (Sample, error) {
 	if !procsFirst {
 		others()
 	}
-	err := readProcs(&out, s.pids, s.agentPids)
+	err := readProcs(&out, s.pids)
 	if procsFirst {
 		others()
 	}
 	return out, errors.Join(err, errs[0], errs[1], errs[2])
 }
 
-// readProcs reads the CPU time of every process of pids (0: none, except ProcClient: this
-// process), the agents' (agents, summed as ProcAgent) and this process's allocations.
-func readProcs(out *Sample, pids [numProcs]int, agents []int) error {
+// procs are the process ids of each Proc a target runs (several agents of a fleet are one
+// ProcAgent); ProcClient's is this process, whatever the list holds.
+type procs [numProcs][]int
+
+// readProcs reads the CPU time of the processes of pids, summed by Proc, this process's as
+// ProcClient, and this process's allocations.
+func readProcs(out *Sample, pids procs) error {
+	pids[ProcClient] = []int{0} // ProcCPU(0): this process
 	var errs []error
-	for p := range numProcs {
-		if p == ProcAgent || (pids[p] == 0 && p != ProcClient) {
-			continue
+	for p, list := range pids {
+		for _, pid := range list {
+			cpu, err := ProcCPU(pid)
+			out.CPU[p] += cpu
+			errs = append(errs, err)
 		}
-		cpu, err := ProcCPU(pids[p])
-		out.CPU[p] = cpu
-		errs = append(errs, err)
-	}
-	for _, pid := range agents {
-		cpu, err := ProcCPU(pid)
-		out.CPU[ProcAgent] += cpu
-		errs = append(errs, err)
 	}
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
@@ -194,7 +192,7 @@ func readProcs(out *Sample, pids [numProcs]int, agents []int) error {
 // EmptyServer is the empty handler (emptyagent) on a Unix socket of its own.
 type EmptyServer struct {
 	socket string
-	pid    int
+	pids   procs
 }
 
 // StartEmpty starts the empty handler; it is stopped when t ends.
@@ -203,7 +201,7 @@ func StartEmpty(t testing.TB, bin Binaries) *EmptyServer {
 	e := &EmptyServer{socket: filepath.Join(socketDir(t), "empty.sock")}
 	p := proctest.Start(t, bin.Empty, "--socket", e.socket)
 	p.LogField(t, "serving", "socket")
-	e.pid = p.Pid()
+	e.pids[ProcAgent] = []int{p.Pid()}
 	return e
 }
 
@@ -213,7 +211,7 @@ func (e *EmptyServer) Sockets() []string { return []string{e.socket} }
 // Sample reads the empty handler's CPU time (as ProcAgent) and this process's.
 func (e *EmptyServer) Sample(context.Context, bool) (Sample, error) {
 	var out Sample
-	err := readProcs(&out, [numProcs]int{}, []int{e.pid})
+	err := readProcs(&out, e.pids)
 	return out, err
 }
 
