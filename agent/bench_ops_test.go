@@ -199,10 +199,10 @@ func BenchmarkColdKeys(b *testing.B) {
 						a.clk.Advance(2 * time.Second) // the other mode's turn
 					}
 					k := i % keys
-					if order == "random" {
+					switch order {
+					case "random":
 						k = r.IntN(keys)
-					}
-					if order == "fleet" {
+					case "fleet":
 						for r.IntN(4) != 0 { // the walk's checks that go to the other three agents
 							a.clk.Advance(step)
 							i++
