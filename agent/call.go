@@ -203,6 +203,16 @@ func (l *Limiter) acquireItem(now clock.Nanos, v *view, e *entry, c *Call) *coor
 			// A prefetch no longer needed (the prefetched lease was installed meanwhile), or not
 			// yet allowed (the key is paced: its share of the bucket's refill is not there yet).
 			e.refilling.Store(false)
+		case !c.resend && e.lowWater.Load() == 0:
+			// Asked for by checks that all stopped waiting (their failure mode answered them
+			// after the server's MaxWait), on a key that never refills ahead of need (a cold
+			// key, direct mode): the lease would serve no one and lapse. Under overload every
+			// check that gives up would otherwise leave its refill queued, the queue would
+			// outgrow what the coordinators answer in MaxWait, and every later check would wait
+			// behind refills no one waits for and give up in turn. The key's next check asks
+			// again. (A resent seq carries its keys: the coordinator may have applied it.)
+			e.refilling.Store(false)
+			l.stats.RefillsDropped.Add(1)
 		default:
 			refill = true
 		}

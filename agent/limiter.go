@@ -505,6 +505,7 @@ type Stats struct {
 
 	Acquires       atomic.Uint64 // Acquire calls built
 	Resends        atomic.Uint64 // of which sent again with the seq of a call whose outcome was unknown
+	RefillsDropped atomic.Uint64 // queued refills not sent: every check that asked stopped waiting, and the key does not refill ahead of need
 	AcquireErrors  atomic.Uint64 // Acquire calls that failed as a whole
 	Grants         atomic.Uint64 // grants received
 	GrantedMicro   atomic.Uint64 // µ granted

@@ -180,10 +180,10 @@ func TestLeaseCore(t *testing.T) {
 			case "stats":
 				s := l.Stats()
 				refills, returns := l.Pending()
-				return fmt.Sprintf("keys=%d acquires=%d resends=%d grants=%d granted=%s denials=%d failures=%d returns=%d returned=%s skipped=%d expired=%d evicted=%d unavailable=%d degraded=%d shadow-denied=%d queued-refills=%d queued-returns=%d",
+				return fmt.Sprintf("keys=%d acquires=%d resends=%d grants=%d granted=%s denials=%d failures=%d returns=%d returned=%s skipped=%d expired=%d evicted=%d unavailable=%d degraded=%d shadow-denied=%d queued-refills=%d queued-returns=%d dropped-refills=%d",
 					l.Keys(), s.Acquires.Load(), s.Resends.Load(), s.Grants.Load(), tok(int64(s.GrantedMicro.Load())), s.Denials.Load(), s.ItemFailures.Load()+s.AcquireErrors.Load(),
 					s.Returns.Load(), tok(int64(s.ReturnedMicro.Load())), s.ReturnsSkipped.Load(),
-					s.Expired.Load(), s.Evicted.Load(), s.Unavailable.Load(), s.Degraded.Load(), s.ShadowDenied.Load(), refills, returns)
+					s.Expired.Load(), s.Evicted.Load(), s.Unavailable.Load(), s.Degraded.Load(), s.ShadowDenied.Load(), refills, returns, s.RefillsDropped.Load())
 			default:
 				d.Fatalf(t, "unknown command %q", d.Cmd)
 				return ""

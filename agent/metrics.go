@@ -218,7 +218,7 @@ type coreCollector struct {
 }
 
 var coreDescs = struct {
-	grants, grantedTokens, refillDenials, itemFailures, acquires, resends, returns, returnedTokens,
+	grants, grantedTokens, refillDenials, itemFailures, acquires, resends, refillsDropped, returns, returnedTokens,
 	creditedTokens, lostTokens, skippedReturns, skippedTokens, expiries, grace, evictions, degraded, shadow, mismatches,
 	settleHolds, settleDropped, settles, settleCredited, settleUncredited, settleSpent *prometheus.Desc
 	debtTokens, debtCharged, debtForgiven, debtLost, holdsWaiting                                      *prometheus.Desc
@@ -230,6 +230,7 @@ var coreDescs = struct {
 	itemFailures:      desc("refill_item_failures_total", "Refill items the coordinator could not serve (the store failed for the key, or it did not know the route)."),
 	acquires:          desc("acquire_calls_total", "Acquire calls built (each carries up to 256 keys)."),
 	resends:           desc("acquire_resends_total", "Acquire calls sent again with the seq of a call whose outcome was unknown (timed out, connection lost, store timed out), so the coordinator answers what Redis applied from its record."),
+	refillsDropped:    desc("refills_dropped_total", "Queued refills not sent because every check that asked for them had stopped waiting (answered by the rule's failure mode after --max-wait) and the key does not refill ahead of need: under overload the queue holds only refills some check still waits for."),
 	returns:           desc("lease_returns_total", "Leases handed back in Return calls (expired, evicted, replaced by a policy change, or at shutdown)."),
 	returnedTokens:    desc("lease_returned_tokens_total", "Unspent tokens handed back in Return calls."),
 	creditedTokens:    desc("lease_credited_tokens_total", "Tokens the coordinators credited back (returned tokens less the refill since their grant, capped at capacity)."),
@@ -274,7 +275,7 @@ var storeOpsDesc = prometheus.NewDesc("leasebucket_agent_store_operations_total"
 
 func (c *coreCollector) Describe(ch chan<- *prometheus.Desc) {
 	d := coreDescs
-	for _, x := range []*prometheus.Desc{d.grants, d.grantedTokens, d.refillDenials, d.itemFailures, d.acquires, d.resends,
+	for _, x := range []*prometheus.Desc{d.grants, d.grantedTokens, d.refillDenials, d.itemFailures, d.acquires, d.resends, d.refillsDropped,
 		d.returns, d.returnedTokens, d.creditedTokens, d.lostTokens, d.skippedReturns, d.skippedTokens, d.expiries, d.grace, d.evictions, d.degraded, d.shadow,
 		d.mismatches, d.refunds, d.refundsLost, d.refundsLostTokens, d.outstanding, d.keys, d.inflight, d.queuedRefills, d.queuedReturns,
 		d.settleHolds, d.settleDropped, d.settles, d.settleCredited, d.settleUncredited, d.settleSpent,
@@ -298,6 +299,7 @@ func (c *coreCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(d.itemFailures, float64(s.ItemFailures.Load()))
 	counter(d.acquires, float64(s.Acquires.Load()))
 	counter(d.resends, float64(s.Resends.Load()))
+	counter(d.refillsDropped, float64(s.RefillsDropped.Load()))
 	counter(d.returns, float64(s.Returns.Load()))
 	counter(d.returnedTokens, tokens(s.ReturnedMicro.Load()))
 	counter(d.creditedTokens, tokens(s.CreditedMicro.Load()))
