@@ -541,11 +541,13 @@ func (s *checkStream) take(resp *checkwire.Answer) ([]*pending, error) {
 }
 
 // Warm checks every key of keys once on route path (Keys.Pass order) through each agent of
-// sockets, the agents side by side, in CheckBatch calls of 64 checks from 8 goroutines per agent,
-// then waits settle for the leases this took to expire and be returned (Settle, several lease
-// lifetimes, in the benchmark): afterwards each agent knows every key, as it would in a process
-// that has run for a while, and a key's next check is its steady-state cold check. It returns
-// the number of checks answered. Denials and unavailable answers are fine; an error is returned.
+// sockets, the agents side by side, in CheckBatch calls of warmBatchSize checks from warmWorkers
+// goroutines in all, then waits settle for the leases this took to expire and be returned
+// (Settle, several lease lifetimes, in the benchmark): afterwards each agent knows every key, as
+// it would in a process that has run for a while, and a key's next check is its steady-state
+// cold check. It returns the number of checks answered. A check answered unavailable (it gave up
+// waiting for its refill: the pass outran the stack) is sent again, up to warmTries times;
+// denials are fine; an error is returned.
 func Warm(ctx context.Context, sockets []string, keys *Keys, path string, settle time.Duration) (int64, error) {
 	var (
 		answered atomic.Int64
@@ -554,7 +556,7 @@ func Warm(ctx context.Context, sockets []string, keys *Keys, path string, settle
 	)
 	for i, socket := range sockets {
 		wg.Go(func() {
-			n, err := warmOne(ctx, socket, keys, path)
+			n, err := warmOne(ctx, socket, keys, path, max(1, warmWorkers/len(sockets)))
 			answered.Add(n)
 			errs[i] = err
 		})
@@ -566,8 +568,49 @@ func Warm(ctx context.Context, sockets []string, keys *Keys, path string, settle
 	return answered.Load(), sleep(ctx, settle)
 }
 
+// A warm pass sends CheckBatch calls of warmBatchSize checks from warmWorkers goroutines in all,
+// spread over the agents (at least one per agent): 256 checks in flight, about what the stack
+// answers within an agent's wait (--max-wait, 50 ms) on two cores, so that few give up.
+const warmBatchSize, warmWorkers = 32, 8
+
+// warmTries bounds how often Warm checks a key again whose check was answered unavailable.
+const warmTries = 20
+
+// warmBatch sends the checks of req, and again those answered unavailable (a pass that outruns
+// the stack has checks give up after the agent's wait), up to warmTries times, 10 ms apart, so
+// that the agent took each key to the store once. It returns the checks answered.
+func warmBatch(ctx context.Context, client agentv1.AgentServiceClient, req *agentv1.CheckBatchRequest) (int64, error) {
+	var answered int64
+	for try := 1; ; try++ {
+		resp, err := client.CheckBatch(ctx, req)
+		if err != nil {
+			return answered, err
+		}
+		for _, e := range resp.Errors {
+			if e != "" {
+				return answered, errors.New(e)
+			}
+		}
+		again := req.Checks[:0]
+		for i, r := range resp.Results {
+			if r.GetDecision() == agentv1.Decision_DECISION_UNAVAILABLE && try < warmTries {
+				again = append(again, req.Checks[i])
+			} else {
+				answered++
+			}
+		}
+		if len(again) == 0 {
+			return answered, nil
+		}
+		req.Checks = again
+		if err := sleep(ctx, 10*time.Millisecond); err != nil {
+			return answered, err
+		}
+	}
+}
+
 // warmOne is Warm's pass through one agent, without the settling.
-func warmOne(ctx context.Context, socket string, keys *Keys, path string) (int64, error) {
+func warmOne(ctx context.Context, socket string, keys *Keys, path string, workers int) (int64, error) {
 	conn, err := Dial(socket)
 	if err != nil {
 		return 0, err
@@ -575,7 +618,7 @@ func warmOne(ctx context.Context, socket string, keys *Keys, path string) (int64
 	defer func() { _ = conn.Close() }()
 	client := agentv1.NewAgentServiceClient(conn)
 	var answered atomic.Int64
-	const batch, workers = 64, 8
+	const batch = warmBatchSize
 	n := keys.Dist().N
 	var (
 		cursor atomic.Int64
@@ -594,18 +637,8 @@ func warmOne(ctx context.Context, socket string, keys *Keys, path string) (int64
 				for j := lo; j < min(lo+batch, n); j++ {
 					req.Checks = append(req.Checks, &agentv1.CheckRequest{Tenant: keys.Tenant(keys.Pass(j)), Route: path, Operation: Operation})
 				}
-				resp, err := client.CheckBatch(ctx, req)
-				if err == nil {
-					for _, e := range resp.Errors {
-						if e != "" {
-							err = errors.New(e)
-							break
-						}
-					}
-				}
-				if err == nil {
-					answered.Add(int64(len(resp.Results)))
-				}
+				got, err := warmBatch(ctx, client, req)
+				answered.Add(got)
 				if err != nil {
 					mu.Lock()
 					first = cmp.Or(first, fmt.Errorf("stackbench: warm: %w", err))

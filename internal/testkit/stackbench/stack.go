@@ -3,6 +3,7 @@ package stackbench
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -132,6 +133,32 @@ func (s *Stack) AgentMetric(ctx context.Context, name string, match ...string) (
 // AgentMetricAt is AgentMetric of the i-th agent alone (Sockets()[i]'s).
 func (s *Stack) AgentMetricAt(ctx context.Context, i int, name string, match ...string) (float64, error) {
 	return ScrapeSum(ctx, s.agentMetrics[i], name, match...)
+}
+
+// Quiet waits until no agent of the stack has a refill queued, a lease queued to be handed
+// back or a coordinator call in flight, polling every 10 ms, for at most limit. A warm pass whose
+// checks outran the stack leaves such work behind (its checks gave up after the agents' wait and
+// were answered unavailable); a measurement begun before it is done would count its store
+// operations and wait behind it.
+func (s *Stack) Quiet(ctx context.Context, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	for {
+		busy := 0.0
+		for _, m := range []string{"leasebucket_agent_queued_refills", "leasebucket_agent_queued_returns", "leasebucket_agent_coordinator_calls_in_flight"} {
+			v, err := s.AgentMetric(ctx, m)
+			if err != nil {
+				return fmt.Errorf("stackbench: quiet: %w", err)
+			}
+			busy += v
+		}
+		if busy == 0 {
+			return nil
+		}
+		if err := sleep(ctx, 10*time.Millisecond); err != nil {
+			return fmt.Errorf("stackbench: agents still busy after %v (%.0f refills, returns and calls)", limit, busy)
+		}
+	}
 }
 
 // CoordinatorMetric is the sum of the coordinator's metric name over the samples labelled with
