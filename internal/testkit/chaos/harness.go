@@ -465,7 +465,8 @@ func (r *runner) stopAll() (agents, coordinators map[string]float64) {
 
 var agentTotals = []string{"decisions_total", "degraded_admissions_total", "lease_grants_total", "lease_granted_tokens_total",
 	"lease_returns_total", "lease_returned_tokens_total", "lease_credited_tokens_total", "tokens_lost_total",
-	"lease_expiries_total", "evictions_total", "acquire_calls_total", "acquire_resends_total", "idempotent_replays_total", "invalid_checks_total",
+	"lease_expiries_total", "evictions_total", "acquire_calls_total", "acquire_resends_total", "wait_fallbacks_total", "refills_dropped_total",
+	"idempotent_replays_total", "invalid_checks_total",
 	"charge_refunds_total", "charge_refunds_lost_total", "settles_total", "debt_tokens_total", "debt_charged_tokens_total",
 	"debt_forgiven_tokens_total", "debt_lost_tokens_total", "settle_credited_tokens_total"}
 
