@@ -143,20 +143,24 @@ func (s *Stack) AgentMetricAt(ctx context.Context, i int, name string, match ...
 func (s *Stack) Quiet(ctx context.Context, limit time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
+	busy := -1.0 // the last reading: refills, hand-backs and calls over the agents
 	for {
-		busy := 0.0
+		sum := 0.0
 		for _, m := range []string{"leasebucket_agent_queued_refills", "leasebucket_agent_queued_returns", "leasebucket_agent_coordinator_calls_in_flight"} {
 			v, err := s.AgentMetric(ctx, m)
 			if err != nil {
-				return fmt.Errorf("stackbench: quiet: %w", err)
+				if ctx.Err() != nil {
+					return fmt.Errorf("stackbench: agents still busy after %v (%.0f refills, hand-backs and calls at the last reading)", limit, busy)
+				}
+				return err
 			}
-			busy += v
+			sum += v
 		}
-		if busy == 0 {
+		if busy = sum; busy == 0 {
 			return nil
 		}
-		if err := sleep(ctx, 10*time.Millisecond); err != nil {
-			return fmt.Errorf("stackbench: agents still busy after %v (%.0f refills, returns and calls)", limit, busy)
+		if sleep(ctx, 10*time.Millisecond) != nil {
+			return fmt.Errorf("stackbench: agents still busy after %v (%.0f refills, hand-backs and calls at the last reading)", limit, busy)
 		}
 	}
 }
