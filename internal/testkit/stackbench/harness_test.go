@@ -134,8 +134,8 @@ func TestHarness(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if warmed != int64(c.Keys.N) {
-		t.Fatalf("Warm answered %d checks, want %d", warmed, c.Keys.N)
+	if warmed < int64(c.Keys.N) {
+		t.Fatalf("Warm answered %d checks, want at least %d: every key", warmed, c.Keys.N)
 	}
 	tm := sb.Timing{Warmup: 50 * time.Millisecond, Measure: 250 * time.Millisecond}
 	const callers = 4
@@ -287,8 +287,8 @@ func TestHarnessAgents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if warmed != agents*int64(c.Keys.N) {
-		t.Fatalf("Warm answered %d checks, want %d: every key through each agent", warmed, agents*c.Keys.N)
+	if warmed < agents*int64(c.Keys.N) {
+		t.Fatalf("Warm answered %d checks, want at least %d: every key through each agent", warmed, agents*c.Keys.N)
 	}
 	const rule = `rule="lease"`
 	var each [agents]float64
@@ -296,9 +296,16 @@ func TestHarnessAgents(t *testing.T) {
 		if each[i], err = stack.AgentMetricAt(ctx, i, "leasebucket_agent_decisions_total", rule); err != nil {
 			t.Fatal(err)
 		}
-		if each[i] != float64(c.Keys.N) {
-			t.Errorf("agent %d decided %v checks in the warm pass, want %d", i, each[i], c.Keys.N)
+		if each[i] < float64(c.Keys.N) {
+			t.Errorf("agent %d decided %v checks in the warm pass, want at least %d", i, each[i], c.Keys.N)
 		}
+	}
+	var sum float64
+	for _, n := range each {
+		sum += n
+	}
+	if sum != float64(warmed) {
+		t.Errorf("the agents decided %v checks in the warm pass; Warm counted %d answers", sum, warmed)
 	}
 	tm := sb.Timing{Warmup: 50 * time.Millisecond, Measure: 250 * time.Millisecond}
 	var total float64

@@ -545,9 +545,10 @@ func (s *checkStream) take(resp *checkwire.Answer) ([]*pending, error) {
 // goroutines in all, then waits settle for the leases this took to expire and be returned
 // (Settle, several lease lifetimes, in the benchmark): afterwards each agent knows every key, as
 // it would in a process that has run for a while, and a key's next check is its steady-state
-// cold check. It returns the number of checks answered. A check answered unavailable (it gave up
-// waiting for its refill: the pass outran the stack) is sent again, up to warmTries times;
-// denials are fine; an error is returned.
+// cold check. A check answered unavailable (it gave up waiting for its refill: the pass outran
+// the stack) is sent again, up to warmTries times; denials are fine. It returns the number of
+// checks answered, at least one per key and agent, those sent again included (what the agents
+// decided); or an error.
 func Warm(ctx context.Context, sockets []string, keys *Keys, path string, settle time.Duration) (int64, error) {
 	var (
 		answered atomic.Int64
@@ -578,7 +579,8 @@ const warmTries = 20
 
 // warmBatch sends the checks of req, and again those answered unavailable (a pass that outruns
 // the stack has checks give up after the agent's wait), up to warmTries times, 10 ms apart, so
-// that the agent took each key to the store once. It returns the checks answered.
+// that the agent took each key to the store once. It returns the checks answered, those sent
+// again included: what the agent decided.
 func warmBatch(ctx context.Context, client agentv1.AgentServiceClient, req *agentv1.CheckBatchRequest) (int64, error) {
 	var answered int64
 	for try := 1; ; try++ {
@@ -591,12 +593,11 @@ func warmBatch(ctx context.Context, client agentv1.AgentServiceClient, req *agen
 				return answered, errors.New(e)
 			}
 		}
+		answered += int64(len(resp.Results))
 		again := req.Checks[:0]
 		for i, r := range resp.Results {
 			if r.GetDecision() == agentv1.Decision_DECISION_UNAVAILABLE && try < warmTries {
 				again = append(again, req.Checks[i])
-			} else {
-				answered++
 			}
 		}
 		if len(again) == 0 {
