@@ -130,7 +130,7 @@ func TestHarness(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys := c.Keys.New(1)
-	warmed, err := sb.Warm(ctx, stack.Sockets(), keys, sb.Lease.Path(), 0)
+	warmed, err := sb.Warm(ctx, stack.Sockets(), keys, sb.Lease.Path())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +283,7 @@ func TestHarnessAgents(t *testing.T) {
 		t.Fatalf("%d sockets, want %d", got, agents)
 	}
 	keys := c.Keys.New(1)
-	warmed, err := sb.Warm(ctx, stack.Sockets(), keys, sb.Lease.Path(), 0)
+	warmed, err := sb.Warm(ctx, stack.Sockets(), keys, sb.Lease.Path())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -542,14 +542,13 @@ func (s *checkStream) take(resp *checkwire.Answer) ([]*pending, error) {
 
 // Warm checks every key of keys once on route path (Keys.Pass order) through each agent of
 // sockets, the agents side by side, in CheckBatch calls of warmBatchSize checks from warmWorkers
-// goroutines in all, then waits settle for the leases this took to expire and be returned
-// (Settle, several lease lifetimes, in the benchmark): afterwards each agent knows every key, as
-// it would in a process that has run for a while, and a key's next check is its steady-state
-// cold check. A check answered unavailable (it gave up waiting for its refill: the pass outran
-// the stack) is sent again, up to warmTries times; denials are fine. It returns the number of
-// checks answered, at least one per key and agent, those sent again included (what the agents
-// decided); or an error.
-func Warm(ctx context.Context, sockets []string, keys *Keys, path string, settle time.Duration) (int64, error) {
+// goroutines in all: afterwards each agent knows every key, as it would in a process that has run
+// for a while, and a key's next check is its steady-state cold check (once the stack is quiet and
+// the leases the pass took have expired: Stack.Quiet, Settle). A check answered unavailable (it
+// gave up waiting for its refill: the pass outran the stack) is sent again, up to warmTries
+// times; denials are fine. It returns the number of checks answered, at least one per key and
+// agent, those sent again included (what the agents decided); or an error.
+func Warm(ctx context.Context, sockets []string, keys *Keys, path string) (int64, error) {
 	var (
 		answered atomic.Int64
 		errs     = make([]error, len(sockets))
@@ -563,10 +562,7 @@ func Warm(ctx context.Context, sockets []string, keys *Keys, path string, settle
 		})
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return answered.Load(), err
-	}
-	return answered.Load(), sleep(ctx, settle)
+	return answered.Load(), errors.Join(errs...)
 }
 
 // A warm pass sends CheckBatch calls of warmBatchSize checks from warmWorkers goroutines in all,
@@ -610,7 +606,7 @@ func warmBatch(ctx context.Context, client agentv1.AgentServiceClient, req *agen
 	}
 }
 
-// warmOne is Warm's pass through one agent, without the settling.
+// warmOne is Warm's pass through one agent, from workers goroutines.
 func warmOne(ctx context.Context, socket string, keys *Keys, path string, workers int) (int64, error) {
 	conn, err := Dial(socket)
 	if err != nil {
@@ -619,7 +615,6 @@ func warmOne(ctx context.Context, socket string, keys *Keys, path string, worker
 	defer func() { _ = conn.Close() }()
 	client := agentv1.NewAgentServiceClient(conn)
 	var answered atomic.Int64
-	const batch = warmBatchSize
 	n := keys.Dist().N
 	var (
 		cursor atomic.Int64
@@ -630,12 +625,12 @@ func warmOne(ctx context.Context, socket string, keys *Keys, path string, worker
 	for range workers {
 		wg.Go(func() {
 			for {
-				lo := int(cursor.Add(batch)) - batch
+				lo := int(cursor.Add(warmBatchSize)) - warmBatchSize
 				if lo >= n || ctx.Err() != nil {
 					return
 				}
 				req := &agentv1.CheckBatchRequest{}
-				for j := lo; j < min(lo+batch, n); j++ {
+				for j := lo; j < min(lo+warmBatchSize, n); j++ {
 					req.Checks = append(req.Checks, &agentv1.CheckRequest{Tenant: keys.Tenant(keys.Pass(j)), Route: path, Operation: Operation})
 				}
 				got, err := warmBatch(ctx, client, req)

@@ -145,25 +145,32 @@ func (s *Stack) Quiet(ctx context.Context, limit time.Duration) error {
 	defer cancel()
 	busy := -1.0 // the last reading: refills, hand-backs and calls over the agents
 	for {
-		sum := 0.0
-		for _, m := range []string{"leasebucket_agent_queued_refills", "leasebucket_agent_queued_returns", "leasebucket_agent_coordinator_calls_in_flight"} {
-			v, err := s.AgentMetric(ctx, m)
-			if err != nil {
-				if ctx.Err() != nil {
-					return fmt.Errorf("stackbench: agents still busy after %v (%.0f refills, hand-backs and calls at the last reading)", limit, busy)
-				}
-				return err
+		sum, err := 0.0, error(nil)
+		for _, m := range quietMetrics {
+			var v float64
+			if v, err = s.AgentMetric(ctx, m); err != nil {
+				break
 			}
 			sum += v
 		}
-		if busy = sum; busy == 0 {
-			return nil
+		if err == nil {
+			if busy = sum; busy == 0 {
+				return nil
+			}
+			err = sleep(ctx, 10*time.Millisecond)
 		}
-		if sleep(ctx, 10*time.Millisecond) != nil {
-			return fmt.Errorf("stackbench: agents still busy after %v (%.0f refills, hand-backs and calls at the last reading)", limit, busy)
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("stackbench: agents still busy after %v (%.0f refills, hand-backs and calls at the last reading)", limit, busy)
+			}
+			return err
 		}
 	}
 }
+
+// quietMetrics are the agent's gauges of work left: refills queued, leases queued to be handed
+// back, coordinator calls in flight.
+var quietMetrics = []string{"leasebucket_agent_queued_refills", "leasebucket_agent_queued_returns", "leasebucket_agent_coordinator_calls_in_flight"}
 
 // CoordinatorMetric is the sum of the coordinator's metric name over the samples labelled with
 // match.

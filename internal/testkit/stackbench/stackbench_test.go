@@ -135,9 +135,6 @@ func BenchmarkStackAgents(b *testing.B) {
 	fmt.Println()
 }
 
-// runCase is one case of BenchmarkStack (agents 1) or BenchmarkStackAgents: a stack of agents
-// agents with the case's rules, warmed, then each API of apis measured on each mode, the modes
-// taking turns, each run reported and added to sum.
 // quiet waits, after a stack's warm passes, until its agents have no refill, hand-back or call
 // left (Stack.Quiet), then lets it rest Settle for the leases the passes took to expire: each
 // measurement starts on a stack that does only the load's work.
@@ -154,6 +151,9 @@ func quiet(b *testing.B, stack *sb.Stack) {
 	time.Sleep(sb.Settle)
 }
 
+// runCase is one case of BenchmarkStack (agents 1) or BenchmarkStackAgents: a stack of agents
+// agents with the case's rules, warmed, then each API of apis measured on each mode, the modes
+// taking turns, each run reported and added to sum.
 func runCase(b *testing.B, bin sb.Binaries, tm sb.Timing, c sb.Case, agents int, apis []sb.API, sum *sb.Summary) {
 	ctx := context.Background()
 	name := c.Name
@@ -181,7 +181,7 @@ func runCase(b *testing.B, bin sb.Binaries, tm sb.Timing, c sb.Case, agents int,
 	for _, m := range rules {
 		targets[m] = stack
 		keys[m] = c.Keys.New(seed)
-		if _, err := sb.Warm(ctx, stack.Sockets(), keys[m], m.Path(), 0); err != nil {
+		if _, err := sb.Warm(ctx, stack.Sockets(), keys[m], m.Path()); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -270,7 +270,7 @@ func BenchmarkQuota(b *testing.B) {
 		b.Run(c.Name, func(b *testing.B) {
 			stack := sb.StartStack(b, bin, sb.QuotaPolicyYAML())
 			keys := c.Keys.New(seed)
-			if _, err := sb.Warm(ctx, stack.Sockets(), keys, sb.Lease.Path(), 0); err != nil {
+			if _, err := sb.Warm(ctx, stack.Sockets(), keys, sb.Lease.Path()); err != nil {
 				b.Fatal(err)
 			}
 			quiet(b, stack)
