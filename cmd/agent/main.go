@@ -23,7 +23,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -210,7 +209,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	log = log.With(zap.String("agent_id", id))
 
 	reg := newRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(cli.RuntimeCollectors()...)
 
 	// The Limiter follows the policy source: the file (a reload that parses and validates
 	// replaces the policy, leases of the old version are returned; a broken file keeps the last

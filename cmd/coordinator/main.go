@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -91,7 +90,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 
 	reg := newRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(cli.RuntimeCollectors()...)
 	metrics, err := coordinator.NewMetrics(reg)
 	if err != nil {
 		return err

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
@@ -129,7 +128,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(cli.RuntimeCollectors()...)
 	watcher, err := policy.NewWatcher(cfg.policyFile, policy.WatchOptions{Interval: cfg.policyInterval, Logger: log, Registerer: reg})
 	if err != nil {
 		return err
