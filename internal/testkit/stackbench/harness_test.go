@@ -151,6 +151,7 @@ func TestHarness(t *testing.T) {
 			t.Fatalf("%s: %v", api, err)
 		}
 		checkRun(t, fmt.Sprintf("%s lease", api), res, tm.Measure)
+		checkAgentGC(t, fmt.Sprintf("%s lease", api), res)
 		if res.Outcomes[sb.Denied] != 0 {
 			t.Errorf("%s: %d denials on keys far below their limit", api, res.Outcomes[sb.Denied])
 		}
@@ -233,6 +234,7 @@ func TestHarness(t *testing.T) {
 		t.Fatalf("direct: %v", err)
 	}
 	checkRun(t, "unary direct", res, tm.Measure)
+	checkAgentGC(t, "unary direct", res)
 	direct, err := stack.AgentMetric(ctx, "leasebucket_agent_decisions_total", directRule)
 	if err != nil {
 		t.Fatal(err)
@@ -316,6 +318,7 @@ func TestHarnessAgents(t *testing.T) {
 			t.Fatalf("%s: %v", api, err)
 		}
 		checkRun(t, fmt.Sprintf("%s lease on two agents", api), res, tm.Measure)
+		checkAgentGC(t, fmt.Sprintf("%s lease on two agents", api), res)
 		if res.Agents != agents || res.CPU[sb.ProcAgent] <= 0 {
 			t.Errorf("%s: the run records %d agents and %v of their CPU", api, res.Agents, res.CPU[sb.ProcAgent])
 		}
@@ -429,6 +432,15 @@ func checkRun(t *testing.T, name string, res sb.Result, measure time.Duration) {
 	// The machine's CPUs tick about 100 times a second each (USER_HZ), steal among them.
 	if h := res.Host; h.Total < int64(measure/(20*time.Millisecond)) || h.Steal < 0 || h.Steal > h.Total {
 		t.Errorf("%s: the machine's CPUs %d ticks (steal %d) over %v", name, h.Total, h.Steal, res.Wall)
+	}
+}
+
+// checkAgentGC fails t unless res read the agents' garbage collection: some busy CPU, of which
+// the collector took a part, neither negative nor all of it.
+func checkAgentGC(t *testing.T, name string, res sb.Result) {
+	t.Helper()
+	if g := res.AgentGC; g.Busy <= 0 || g.GC < 0 || g.GC >= g.Busy {
+		t.Errorf("%s: agents' collector %.4f s of %.4f s busy, want 0 ≤ gc < busy", name, g.GC, g.Busy)
 	}
 }
 

@@ -203,50 +203,67 @@ var metricsClient = &http.Client{Timeout: 5 * time.Second}
 // endpoint at addr (host:port) whose labels include every name="value" pair of match. A family
 // with no sample is an error: a renamed metric must not read as zero.
 func ScrapeSum(ctx context.Context, addr, name string, match ...string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	sums, err := scrape(ctx, addr, []string{name}, match)
 	if err != nil {
 		return 0, err
 	}
+	return sums[0], nil
+}
+
+// ScrapeSums is ScrapeSum of each of names, whatever their labels, from one scrape: counters read
+// together, as of one moment.
+func ScrapeSums(ctx context.Context, addr string, names ...string) ([]float64, error) {
+	return scrape(ctx, addr, names, nil)
+}
+
+func scrape(ctx context.Context, addr string, names, match []string) ([]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
 	resp, err := metricsClient.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("stackbench: scrape %s: %w", addr, err)
+		return nil, fmt.Errorf("stackbench: scrape %s: %w", addr, err)
 	}
 	defer func() { _ = resp.Body.Close() }()
-	var sum float64
-	found := false
+	sums, found := make([]float64, len(names)), make([]bool, len(names))
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		rest, ok := strings.CutPrefix(line, name)
-		if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
-			continue
-		}
-		labels, value := "", strings.TrimSpace(rest)
-		if rest[0] == '{' {
-			end := strings.LastIndexByte(rest, '}')
-			if end < 0 {
+		for i, name := range names {
+			rest, ok := strings.CutPrefix(line, name)
+			if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
 				continue
 			}
-			labels, value = rest[1:end], strings.TrimSpace(rest[end+1:])
+			labels, value := "", strings.TrimSpace(rest)
+			if rest[0] == '{' {
+				end := strings.LastIndexByte(rest, '}')
+				if end < 0 {
+					continue
+				}
+				labels, value = rest[1:end], strings.TrimSpace(rest[end+1:])
+			}
+			if !hasLabels(labels, match) {
+				continue
+			}
+			found[i] = true
+			v, err := strconv.ParseFloat(strings.Fields(value)[0], 64)
+			if err != nil {
+				return nil, fmt.Errorf("stackbench: %s: %q: %w", addr, line, err)
+			}
+			sums[i] += v
 		}
-		if !hasLabels(labels, match) {
-			continue
-		}
-		found = true
-		v, err := strconv.ParseFloat(strings.Fields(value)[0], 64)
-		if err != nil {
-			return 0, fmt.Errorf("stackbench: %s: %q: %w", addr, line, err)
-		}
-		sum += v
 	}
 	if err := sc.Err(); err != nil {
-		return 0, fmt.Errorf("stackbench: scrape %s: %w", addr, err)
+		return nil, fmt.Errorf("stackbench: scrape %s: %w", addr, err)
 	}
-	if !found {
-		return 0, fmt.Errorf("stackbench: %s serves no %s%v", addr, name, match)
+	for i, ok := range found {
+		if !ok {
+			return nil, fmt.Errorf("stackbench: %s serves no %s%v", addr, names[i], match)
+		}
 	}
-	return sum, nil
+	return sums, nil
 }
 
 // hasLabels reports whether labels (`a="x",b="y"`) hold every `name="value"` of match.

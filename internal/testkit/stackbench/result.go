@@ -34,6 +34,7 @@ type Result struct {
 	Mallocs   uint64  // heap allocations of this process (the load generator)
 	Bytes     uint64
 	Host      HostCPU // the machine's CPUs, steal included
+	AgentGC   GCCPU   // the agents' garbage collectors and their busy CPU (the runtime's estimates)
 	// Slices are the figures of each measured window, in the order measured (Merge appends):
 	// how far they spread is what the machine did to the run.
 	Slices []Slice
@@ -94,6 +95,7 @@ func Measure(ctx context.Context, target Target, keys *Keys, load Load, tm Timin
 		res.CPU[p] = z.CPU[p] - a.CPU[p]
 	}
 	res.Mallocs, res.Bytes = z.Mallocs-a.Mallocs, z.Bytes-a.Bytes
+	res.AgentGC = GCCPU{GC: z.AgentGC.GC - a.AgentGC.GC, Busy: z.AgentGC.Busy - a.AgentGC.Busy}
 	if res.Checks() == 0 && res.Err != nil {
 		return res, fmt.Errorf("stackbench: no check answered in %v; the first failure: %w", tm.Measure, res.Err)
 	}
@@ -158,6 +160,8 @@ func (r *Result) Merge(o Result) {
 	r.Bytes += o.Bytes
 	r.Host.Total += o.Host.Total
 	r.Host.Steal += o.Host.Steal
+	r.AgentGC.GC += o.AgentGC.GC
+	r.AgentGC.Busy += o.AgentGC.Busy
 	r.Slices = append(r.Slices, o.Slices...)
 }
 
@@ -248,6 +252,7 @@ func (r *Result) Report(b *testing.B) {
 		b.ReportMetric(r.CPUPerCheck(ProcCoordinator), "coord-cpu-µs/check")
 		b.ReportMetric(r.CPUPerCheck(ProcRedis), "redis-cpu-µs/check")
 		b.ReportMetric(r.TotalCPUPerCheck(), "total-cpu-µs/check")
+		b.ReportMetric(r.AgentGC.Percent(), "agent-gc-%")
 		b.ReportMetric(r.PerCheck(r.Scripts), "scripts/check")
 		b.ReportMetric(r.PerCheck(r.RedisCmds), "redis-cmds/check")
 		b.ReportMetric(r.PerCheck(r.StoreOps), "store-ops/check")

@@ -52,6 +52,42 @@ type Sample struct {
 	Calls    float64 // the coordinator's Acquire and Return calls
 	// Mallocs and Bytes are this process's heap allocations so far (runtime.MemStats).
 	Mallocs, Bytes uint64
+	AgentGC        GCCPU // the agents' garbage collectors, summed; zero for the empty handler
+}
+
+// GCCPU is what the Go runtime of a process estimates its garbage collector took of its CPU so
+// far (go_cpu_classes_gc_total_cpu_seconds_total), and Busy all the CPU its goroutines and its
+// runtime took (go_cpu_classes_total less go_cpu_classes_idle), in seconds: the runtime's own
+// estimates, compared with each other only (internal/cli.RuntimeCollectors).
+type GCCPU struct{ GC, Busy float64 }
+
+// gcMetrics are the counters GCCPU is read from: the collector's, the total and the idle.
+var gcMetrics = []string{
+	"go_cpu_classes_gc_total_cpu_seconds_total",
+	"go_cpu_classes_total_cpu_seconds_total",
+	"go_cpu_classes_idle_cpu_seconds_total",
+}
+
+// Percent is the collector's share of the busy CPU, in %; 0 over none.
+func (g GCCPU) Percent() float64 {
+	if g.Busy <= 0 {
+		return 0
+	}
+	return 100 * g.GC / g.Busy
+}
+
+// agentGC reads the GCCPU of every agent of s, summed.
+func (s *Stack) agentGC(ctx context.Context) (GCCPU, error) {
+	var g GCCPU
+	for _, addr := range s.agentMetrics {
+		v, err := ScrapeSums(ctx, addr, gcMetrics...)
+		if err != nil {
+			return GCCPU{}, err
+		}
+		g.GC += v[0]
+		g.Busy += v[1] - v[2]
+	}
+	return g, nil
 }
 
 // Stack is one redis-server (its own, on a free port), one coordinator on it and one or more
@@ -189,11 +225,12 @@ const callsMetric = "leasebucket_coordinator_batch_items_count"
 // Sample reads the counters of the three processes and this one.
 func (s *Stack) Sample(ctx context.Context, procsFirst bool) (Sample, error) {
 	var out Sample
-	var errs [3]error
+	var errs [4]error
 	others := func() {
 		out.StoreOps, errs[0] = s.CoordinatorMetric(ctx, storeOpsMetric)
 		out.Calls, errs[2] = s.CoordinatorMetric(ctx, callsMetric)
 		out.Redis, errs[1] = s.probe.Stats(ctx)
+		out.AgentGC, errs[3] = s.agentGC(ctx)
 	}
 	if !procsFirst {
 		others()
@@ -202,7 +239,7 @@ func (s *Stack) Sample(ctx context.Context, procsFirst bool) (Sample, error) {
 	if procsFirst {
 		others()
 	}
-	return out, errors.Join(err, errs[0], errs[1], errs[2])
+	return out, errors.Join(err, errs[0], errs[1], errs[2], errs[3])
 }
 
 // procs are the process ids of each Proc a target runs (several agents of a fleet are one
