@@ -15,8 +15,9 @@ import (
 //	rate(go_cpu_classes_gc_total_cpu_seconds_total)
 //	  / (rate(go_cpu_classes_total_cpu_seconds_total) - rate(go_cpu_classes_idle_cpu_seconds_total))
 //
-// (the runtime's estimates, comparable with each other and not with process_cpu_seconds_total):
-// what an operator reads before changing GOGC or GOMEMLIMIT (docs/operations.md).
+// (the runtime's estimates, comparable with each other and not with process_cpu_seconds_total,
+// brought up to date when a collection ends): what an operator reads before changing GOGC or
+// GOMEMLIMIT (docs/operations.md).
 func RuntimeCollectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(

@@ -252,7 +252,9 @@ func (r *Result) Report(b *testing.B) {
 		b.ReportMetric(r.CPUPerCheck(ProcCoordinator), "coord-cpu-µs/check")
 		b.ReportMetric(r.CPUPerCheck(ProcRedis), "redis-cpu-µs/check")
 		b.ReportMetric(r.TotalCPUPerCheck(), "total-cpu-µs/check")
-		b.ReportMetric(r.AgentGC.Percent(), "agent-gc-%")
+		if r.AgentGC.Busy > 0 { // none when no agent finished a collection in the window
+			b.ReportMetric(r.AgentGC.Percent(), "agent-gc-%")
+		}
 		b.ReportMetric(r.PerCheck(r.Scripts), "scripts/check")
 		b.ReportMetric(r.PerCheck(r.RedisCmds), "redis-cmds/check")
 		b.ReportMetric(r.PerCheck(r.StoreOps), "store-ops/check")

@@ -58,7 +58,9 @@ type Sample struct {
 // GCCPU is what the Go runtime of a process estimates its garbage collector took of its CPU so
 // far (go_cpu_classes_gc_total_cpu_seconds_total), and Busy all the CPU its goroutines and its
 // runtime took (go_cpu_classes_total less go_cpu_classes_idle), in seconds: the runtime's own
-// estimates, compared with each other only (internal/cli.RuntimeCollectors).
+// estimates, compared with each other only (internal/cli.RuntimeCollectors). The runtime brings
+// them up to date when a collection ends, so between two readings they count the time between
+// the last collections before each, and nothing when no collection ended in between.
 type GCCPU struct{ GC, Busy float64 }
 
 // gcMetrics are the counters GCCPU is read from: the collector's, the total and the idle.
