@@ -69,6 +69,7 @@ func TestResultMerge(t *testing.T) {
 	first.StoreOps, first.Calls, first.Scripts, first.RedisCmds = 400, 20, 30, 120
 	first.Latency.Record(time.Millisecond)
 	first.Host = HostCPU{Total: 200, Steal: 0}
+	first.AgentGC = GCCPU{GC: 0.01, Busy: 0.2}
 	second := first
 	second.Latency = Hist{}
 	second.Wall = 3 * time.Second
@@ -77,6 +78,7 @@ func TestResultMerge(t *testing.T) {
 	second.StoreOps = 1200
 	second.Err = errors.New("a failure")
 	second.Host = HostCPU{Total: 600, Steal: 80}
+	second.AgentGC = GCCPU{GC: 0.05, Busy: 0.3}
 	for range 3 {
 		second.Latency.Record(3 * time.Millisecond)
 	}
@@ -101,6 +103,12 @@ func TestResultMerge(t *testing.T) {
 	}
 	if got := first.Host.StealPercent(); got != 10 {
 		t.Errorf("steal %v %%, want 10 (80 of 800 ticks)", got)
+	}
+	if got := first.AgentGC.Percent(); math.Abs(got-12) > 1e-9 {
+		t.Errorf("agents' collector %v %%, want 12 (0.06 s of 0.5 s busy)", got)
+	}
+	if got := (GCCPU{}).Percent(); got != 0 {
+		t.Errorf("collector's share over no busy CPU %v %%, want 0", got)
 	}
 }
 
