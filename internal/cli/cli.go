@@ -1,7 +1,8 @@
 // Package cli holds what leasebucket's commands share: the signal handling and exit status of
 // main; one style of flags (--name, each server flag with an environment variable as its
-// default), one --help layout and the deprecation of renamed flags and variables; and the logger
-// that --log-level and --log-format configure.
+// default), one --help layout and the deprecation of renamed flags and variables; the logger
+// that --log-level and --log-format configure; and the Go runtime's and the process's metrics
+// every server serves (RuntimeCollectors).
 //
 // Naming. A flag has one name in every command that has it (--policy, --policy-interval,
 // --region, --log-level, --log-format, --agent-socket where a command talks to the agent). Its
