@@ -80,16 +80,26 @@ func (g GCCPU) Percent() float64 {
 
 // agentGC reads the GCCPU of every agent of s, summed.
 func (s *Stack) agentGC(ctx context.Context) (GCCPU, error) {
-	var g GCCPU
-	for _, addr := range s.agentMetrics {
-		v, err := ScrapeSums(ctx, addr, gcMetrics...)
-		if err != nil {
-			return GCCPU{}, err
-		}
-		g.GC += v[0]
-		g.Busy += v[1] - v[2]
+	v, err := s.agentSums(ctx, gcMetrics...)
+	if err != nil {
+		return GCCPU{}, err
 	}
-	return g, nil
+	return GCCPU{GC: v[0], Busy: v[1] - v[2]}, nil
+}
+
+// agentSums is the sum over the agents of s of each of names (ScrapeSums, one scrape an agent).
+func (s *Stack) agentSums(ctx context.Context, names ...string) ([]float64, error) {
+	sums := make([]float64, len(names))
+	for _, addr := range s.agentMetrics {
+		v, err := ScrapeSums(ctx, addr, names...)
+		if err != nil {
+			return nil, err
+		}
+		for i := range sums {
+			sums[i] += v[i]
+		}
+	}
+	return sums, nil
 }
 
 // Stack is one redis-server (its own, on a free port), one coordinator on it and one or more
@@ -183,16 +193,13 @@ func (s *Stack) Quiet(ctx context.Context, limit time.Duration) error {
 	defer cancel()
 	busy := -1.0 // the last reading: refills, hand-backs and calls over the agents
 	for {
-		sum, err := 0.0, error(nil)
-		for _, m := range quietMetrics {
-			var v float64
-			if v, err = s.AgentMetric(ctx, m); err != nil {
-				break
-			}
-			sum += v
-		}
+		v, err := s.agentSums(ctx, quietMetrics...)
 		if err == nil {
-			if busy = sum; busy == 0 {
+			busy = 0
+			for _, n := range v {
+				busy += n
+			}
+			if busy == 0 {
 				return nil
 			}
 			err = sleep(ctx, 10*time.Millisecond)
